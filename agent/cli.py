@@ -1,0 +1,94 @@
+"""The `dra-agent` command line: parses flags, resolves settings, sets up logging, runs a command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from agent import __version__
+from agent.logs import configure_logging, get_logger
+from agent.settings import ENV_PREFIX, Settings, SettingsError, load_settings
+
+__all__ = ["build_parser", "main"]
+
+Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
+
+# Flags that map one-to-one onto settings (argparse dest == setting name).
+_SETTING_FLAGS = ("node_name", "log_level", "log_format", "simulate", "sysfs_root", "dev_root", "backends")
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("settings (also DRA_AGENT_<NAME> environment variables or --config)")
+    group.add_argument("--config", metavar="FILE", help=f"YAML settings file (env {ENV_PREFIX}CONFIG)")
+    group.add_argument("--node-name", dest="node_name", metavar="NAME",
+                       help="Kubernetes node name (env NODE_NAME; default: profile name when simulating, "
+                            "else the host name)")
+    group.add_argument("--simulate", metavar="PROFILE",
+                       help="run on a simulated node: a built-in profile name or a profile YAML file")
+    group.add_argument("--sysfs-root", dest="sysfs_root", type=Path, metavar="DIR", help="sysfs root (/sys)")
+    group.add_argument("--dev-root", dest="dev_root", type=Path, metavar="DIR", help="device node root (/dev)")
+    group.add_argument("--backends", metavar="NAMES",
+                       type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
+                       help="comma-separated backends to enable (default: every installed backend)")
+    group.add_argument("--log-level", dest="log_level", choices=("debug", "info", "warning", "error"))
+    group.add_argument("--log-format", dest="log_format", choices=("auto", "json", "console"),
+                       help="auto: JSON unless logging to a terminal")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from agent.commands import backends_command, discover_command
+
+    parser = argparse.ArgumentParser(
+        prog="dra-agent",
+        description="Node-local Kubernetes DRA agent for NVIDIA GPUs, MIG partitions, Google TPUs and SR-IOV NICs.",
+    )
+    parser.add_argument("--version", action="version", version=f"dra-agent {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options()
+
+    discover = commands.add_parser(
+        "discover", parents=[common], help="print the ResourceSlices this node would publish",
+        description="Discover the node's devices and print the exact ResourceSlice objects the agent would "
+                    "publish, for every driver, chunked within the API limits.",
+    )
+    discover.add_argument("-o", "--output", choices=("yaml", "json", "table"), default="yaml")
+    discover.set_defaults(handler=discover_command)
+
+    backends = commands.add_parser(
+        "backends", parents=[common], help="list installed backends and what they found",
+        description="List the backends installed through the dra_agent.backends entry-point group, with "
+                    "version, DRA driver name and whether each found hardware on this node.",
+    )
+    backends.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    backends.set_defaults(handler=backends_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    flags = {key: getattr(args, key, None) for key in _SETTING_FLAGS}
+    config = args.config or os.environ.get(f"{ENV_PREFIX}CONFIG")
+    try:
+        settings = load_settings(flags, os.environ, Path(config) if config else None)
+    except SettingsError as e:
+        print(f"dra-agent: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    handler: Command = args.handler
+    try:
+        return asyncio.run(handler(settings, args.output, sys.stdout, sys.stderr))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        # A bug, not bad input: say so in one line; the traceback is there at debug level.
+        get_logger("cli").debug("internal error", exc_info=True)
+        print(f"dra-agent: internal error: {type(e).__name__}: {e} (rerun with --log-level debug for details)",
+              file=sys.stderr)
+        return 1

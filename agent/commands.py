@@ -1,0 +1,134 @@
+"""The one-shot commands: `discover` (what would be published) and `backends` (what is installed and found).
+
+Each returns an exit status: 0 when it did its job, even with warnings about single devices or backends;
+1 when it could not do its job at all (no backend usable); 2 for bad input (settings, profile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from agent.host import Host, NodeNameError, open_host, resolve_node_name
+from agent.inventory import BackendReport, discover_all, merge_pools, start_all, stop_all
+from agent.logs import get_logger
+from agent.plugins import FoundPlugin, LoadedPlugin, PluginFailure, find_plugins, load_plugins
+from agent.report import BackendRow, render_backends, render_slices
+from agent.settings import Settings
+from agent.slices import pool_slices
+from backends.simulation.profile import ProfileError
+
+__all__ = ["backends_command", "discover_command"]
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class _Survey:
+    """One discovery pass over the node: what loaded, what failed, what each backend found."""
+
+    node: str
+    found: list[FoundPlugin]
+    loaded: list[LoadedPlugin]
+    failures: list[PluginFailure]
+    start_errors: dict[str, str]
+    reports: list[BackendReport]
+
+
+async def _survey(settings: Settings, host: Host) -> _Survey:
+    node = resolve_node_name(settings, host)
+    found, failures = find_plugins()
+    loaded, load_failures = load_plugins(found, settings.backends)
+    failures = failures + load_failures
+    log = get_logger("discovery")
+    for failure in failures:
+        log.warning("backend skipped", backend=failure.name, distribution=failure.distribution,
+                    reason=failure.message)
+    config_for: Callable[[str], dict[str, Any]] = lambda name: settings.backend_config.get(name, {})  # noqa: E731
+    started, start_errors = await start_all(loaded, host, config_for)
+    for name, error in start_errors.items():
+        log.warning("backend failed to start", backend=name, reason=error)
+    try:
+        reports = await discover_all(started, settings.driver_name)
+    finally:
+        await stop_all(started)
+    for report in reports:
+        if report.error:
+            log.warning("backend discovery failed", backend=report.name, reason=report.error)
+        for warning in report.inventory.warnings if report.inventory else ():
+            log.warning("device problem", backend=report.name, problem=warning)
+    return _Survey(node, found, loaded, failures, start_errors, reports)
+
+
+async def discover_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
+    """Print the ResourceSlices the agent would publish for this node."""
+    try:
+        with open_host(settings) as host:
+            survey = await _survey(settings, host)
+    except (ProfileError, NodeNameError) as e:
+        print(f"dra-agent: {e}", file=err)
+        return EXIT_BAD_INPUT
+    log = get_logger("discovery")
+    slices: list[dict[str, Any]] = []
+    for pool in merge_pools(survey.reports):
+        for problem in pool.problems:
+            log.warning("device conflict", driver=pool.driver, problem=problem)
+        if not pool.devices and not pool.counter_sets:
+            continue
+        published = pool_slices(pool.driver, survey.node, pool.devices, pool.counter_sets)
+        for reason in published.rejected:
+            log.error("device not publishable", driver=pool.driver, reason=reason)
+        slices.extend(published.slices)
+    usable = [r for r in survey.reports if r.inventory is not None]
+    if not usable:
+        print("dra-agent: no backend could run; see the messages above", file=err)
+        return EXIT_FAILED
+    if not slices:
+        names = ", ".join(r.name for r in usable)
+        print(f"No supported devices found on node {survey.node} (backends: {names}).", file=err)
+    text = render_slices(slices, output)
+    if text:
+        print(text, file=out)
+    return EXIT_OK
+
+
+async def backends_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
+    """List installed backends with version, driver name and whether each found hardware."""
+    try:
+        with open_host(settings) as host:
+            survey = await _survey(settings, host)
+    except (ProfileError, NodeNameError) as e:
+        print(f"dra-agent: {e}", file=err)
+        return EXIT_BAD_INPUT
+    reports = {r.name: r for r in survey.reports}
+    loaded = {p.found.name: p for p in survey.loaded}
+    listed = {(p.name, p.distribution) for p in survey.found}
+    failed = {f.name: f for f in survey.failures if (f.name, f.distribution) in listed}
+    rows: list[BackendRow] = []
+    for plugin in survey.found:
+        name = plugin.name
+        enabled = settings.backends is None or name in settings.backends
+        driver = settings.driver_name(loaded[name].backend.driver) if name in loaded else None
+        devices: int | None = None
+        if not enabled:
+            status = "disabled"
+        elif name in failed:
+            status = f"failed: {failed[name].message}"
+        elif name in survey.start_errors:
+            status = f"failed to start: {survey.start_errors[name]}"
+        elif name in reports and reports[name].inventory is not None:
+            inventory = reports[name].inventory
+            assert inventory is not None
+            devices = len(inventory.devices)
+            status = f"{devices} device(s)" if devices else "no hardware found"
+        else:
+            status = f"failed: {reports[name].error}" if name in reports else "not run"
+        rows.append(BackendRow(name, plugin.distribution, plugin.version, driver, enabled, devices, status))
+    for failure in survey.failures:
+        if (failure.name, failure.distribution) in listed:
+            continue  # already shown on its backend's row
+        rows.append(BackendRow(failure.name, failure.distribution, "?", None, True, None,
+                               f"failed: {failure.message}"))
+    print(render_backends(rows, output), file=out)
+    return EXIT_OK

@@ -1,0 +1,54 @@
+"""Where this node's hardware is seen: the real host, or a simulated node built from a profile."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.settings import Settings
+
+__all__ = ["Host", "NodeNameError", "open_host", "resolve_node_name"]
+
+
+class NodeNameError(Exception):
+    """No usable node name could be determined."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """The sysfs and /dev roots backends read, and the simulated profile's name when simulated."""
+
+    sysfs_root: Path
+    dev_root: Path
+    profile: str | None = None
+
+
+@contextmanager
+def open_host(settings: Settings) -> Iterator[Host]:
+    """The real host, or (with `simulate`) a simulated node that exists for the duration of the block.
+
+    A simulated node also plugs its NVML in under pynvml, so backends run their real code paths.
+    Raises backends.simulation.profile.ProfileError for an unknown or invalid profile.
+    """
+    if settings.simulate is None:
+        yield Host(settings.sysfs_root, settings.dev_root)
+        return
+    from backends.simulation.node import simulated_node  # only simulated runs pay for the simulator
+
+    with simulated_node(settings.simulate) as node:
+        yield Host(node.sysfs, node.dev, node.profile.name)
+
+
+def resolve_node_name(settings: Settings, host: Host) -> str:
+    """The configured node name, else a simulated node's profile name, else this machine's host name."""
+    if settings.node_name:
+        return settings.node_name
+    if host.profile:
+        return host.profile
+    name = socket.gethostname().lower()
+    if not name or len(name) > 253 or not all(c.isalnum() or c in "-." for c in name):
+        raise NodeNameError(f"host name {name!r} is not a valid node name; set --node-name or NODE_NAME")
+    return name

@@ -1,0 +1,139 @@
+"""The node's inventory: runs the loaded backends and merges what they own into one pool per DRA driver.
+
+Several backends may publish under one driver name (nvidia-gpu and nvidia-mig share gpu.nvidia.com); their
+devices and counter sets form a single pool. A backend that fails is reported and the others still count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from agent.host import Host
+from agent.logs import get_logger
+from agent.plugins import LoadedPlugin
+from backends.contract import BackendContext, BackendError, CounterSet, Device, Inventory
+from backends.topology import TopologyReader
+
+__all__ = ["BackendReport", "Pool", "discover_all", "merge_pools", "start_all", "stop_all"]
+
+_START_TIMEOUT = 30.0
+_DISCOVER_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class BackendReport:
+    """The outcome of one backend's discovery."""
+
+    plugin: LoadedPlugin
+    driver: str
+    inventory: Inventory | None
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.plugin.found.name
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The devices and counter sets of one driver on this node."""
+
+    driver: str
+    devices: tuple[Device, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = ()
+    backends: tuple[str, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+
+async def start_all(
+    plugins: Sequence[LoadedPlugin],
+    host: Host,
+    config_for: Callable[[str], dict[str, object]],
+) -> tuple[list[LoadedPlugin], dict[str, str]]:
+    """Start every backend; returns the started ones and an error message per backend that failed to start."""
+    topology = TopologyReader(host.sysfs_root)
+
+    async def start(plugin: LoadedPlugin) -> str | None:
+        name = plugin.found.name
+        ctx = BackendContext(host.sysfs_root, host.dev_root, topology, config_for(name), get_logger(name))
+        try:
+            async with asyncio.timeout(_START_TIMEOUT):
+                await plugin.backend.start(ctx)
+        except BackendError as e:
+            return str(e)
+        except TimeoutError:
+            return f"did not start within {_START_TIMEOUT:.0f} s"
+        except Exception as e:  # a third-party bug must not take the agent down
+            return f"start failed: {type(e).__name__}: {e}"
+        return None
+
+    outcomes = await asyncio.gather(*(start(p) for p in plugins))
+    errors = {p.found.name: err for p, err in zip(plugins, outcomes, strict=True) if err is not None}
+    return [p for p in plugins if p.found.name not in errors], errors
+
+
+async def discover_all(plugins: Sequence[LoadedPlugin], driver_for: Callable[[str], str]) -> list[BackendReport]:
+    """Ask every started backend for its inventory, concurrently."""
+
+    async def discover(plugin: LoadedPlugin) -> BackendReport:
+        driver = driver_for(plugin.backend.driver)
+        try:
+            async with asyncio.timeout(_DISCOVER_TIMEOUT):
+                inventory = await plugin.backend.discover()
+        except TimeoutError:
+            return BackendReport(plugin, driver, None, f"discovery took longer than {_DISCOVER_TIMEOUT:.0f} s")
+        except Exception as e:
+            return BackendReport(plugin, driver, None, f"discovery failed: {type(e).__name__}: {e}")
+        if not isinstance(inventory, Inventory):
+            return BackendReport(plugin, driver, None, f"discover() returned {type(inventory).__name__}, "
+                                                       "expected an Inventory")
+        return BackendReport(plugin, driver, inventory)
+
+    return list(await asyncio.gather(*(discover(p) for p in plugins)))
+
+
+async def stop_all(plugins: Sequence[LoadedPlugin]) -> None:
+    """Stop every backend; a failing stop is logged, never raised."""
+    for plugin in plugins:
+        try:
+            await plugin.backend.stop()
+        except Exception as e:
+            get_logger("inventory").warning("backend stop failed", backend=plugin.found.name, error=str(e))
+
+
+def merge_pools(reports: Sequence[BackendReport]) -> list[Pool]:
+    """One pool per driver name, sorted by driver; a device or counter set name claimed twice keeps the first."""
+    by_driver: dict[str, list[BackendReport]] = {}
+    for report in reports:
+        if report.inventory is not None:
+            by_driver.setdefault(report.driver, []).append(report)
+    pools: list[Pool] = []
+    for driver in sorted(by_driver):
+        devices: dict[str, Device] = {}
+        counters: dict[str, CounterSet] = {}
+        owner: dict[str, str] = {}
+        problems: list[str] = []
+        for report in sorted(by_driver[driver], key=lambda r: r.name):
+            assert report.inventory is not None
+            for device in report.inventory.devices:
+                if device.name in devices:
+                    problems.append(f"device {device.name} of backend {report.name} is also published by "
+                                    f"{owner[device.name]}; left out")
+                    continue
+                devices[device.name], owner[device.name] = device, report.name
+            for counter_set in report.inventory.counter_sets:
+                if counter_set.name in counters:
+                    problems.append(f"counter set {counter_set.name} of backend {report.name} is defined twice; "
+                                    "left out")
+                    continue
+                counters[counter_set.name] = counter_set
+        pools.append(Pool(
+            driver=driver,
+            devices=tuple(devices[n] for n in sorted(devices)),
+            counter_sets=tuple(counters[n] for n in sorted(counters)),
+            backends=tuple(sorted(r.name for r in by_driver[driver])),
+            problems=tuple(problems),
+        ))
+    return pools

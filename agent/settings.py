@@ -1,0 +1,152 @@
+"""The agent's settings: one frozen object resolved from flags, environment, a YAML file and defaults.
+
+Precedence is flags > environment > file > defaults. Environment names are `DRA_AGENT_<SETTING>` (upper case),
+plus the conventional `NODE_NAME` and `KUBECONFIG`. Errors name the setting, the value and where it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "load_settings"]
+
+ENV_PREFIX = "DRA_AGENT_"
+
+# Settings that also answer to a conventional variable; the DRA_AGENT_ spelling wins when both are set.
+_CONVENTIONAL_ENV = {"node_name": "NODE_NAME", "kubeconfig": "KUBECONFIG"}
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+class SettingsError(Exception):
+    """The settings are invalid; the message lists every problem with its source."""
+
+
+def _is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None
+
+
+class Settings(BaseModel):
+    """Everything the agent is configured with."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_name: str | None = None
+    """The Kubernetes node this agent serves; the pool name of every driver."""
+    kubeconfig: Path | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """auto: JSON when the log stream is not a terminal, readable console lines when it is."""
+    simulate: str | None = None
+    """A built-in simulated node profile or the path of a profile YAML file."""
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    backends: tuple[str, ...] | None = None
+    """Backends to load by entry-point name; every installed backend when unset."""
+    driver_names: dict[str, str] = Field(default_factory=dict)
+    """Publish under another DRA driver name: default driver name → name to use."""
+    backend_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-backend configuration, keyed by backend name; each backend validates its own section."""
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, v: str | None) -> str | None:
+        if v is not None and not _is_dns_subdomain(v):
+            raise ValueError("must be a valid node name: lower-case letters, digits, '-' and '.', at most 253")
+        return v
+
+    @field_validator("backends")
+    @classmethod
+    def _backend_names(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and (not v or any(not name for name in v)):
+            raise ValueError("must list at least one backend name, without empty entries")
+        return v
+
+    @field_validator("driver_names")
+    @classmethod
+    def _driver_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for new in v.values():
+            if len(new) > 63 or not _is_dns_subdomain(new):
+                raise ValueError(f"{new!r} is not a valid DRA driver name (a DNS subdomain of at most 63)")
+        return v
+
+    def driver_name(self, default: str) -> str:
+        """The driver name to publish under for a backend whose default driver name is `default`."""
+        return self.driver_names.get(default, default)
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_file: Path | None = None,
+) -> Settings:
+    """Resolve settings. `flags` holds only the flags the user gave (None values are ignored)."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if config_file is not None:
+        for key, value in _read_file(config_file).items():
+            values[key], origin[key] = value, f"config file {config_file}"
+    for key, (value, name) in _from_env(environ).items():
+        values[key], origin[key] = value, f"environment {name}"
+    for key, value in flags.items():
+        if value is not None:
+            values[key], origin[key] = value, f"flag --{key.replace('_', '-')}"
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as e:
+        lines = ["invalid settings:"]
+        for err in e.errors():
+            key = str(err["loc"][0]) if err["loc"] else "(settings)"
+            where = origin.get(key, "default")
+            shown = f" = {values[key]!r}" if key in values else ""
+            detail = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                detail = f"unknown setting; known settings: {', '.join(Settings.model_fields)}"
+            lines.append(f"  {key}{shown} (from {where}): {detail}")
+        raise SettingsError("\n".join(lines)) from None
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    found: dict[str, tuple[Any, str]] = {}
+    for key, info in Settings.model_fields.items():
+        for name in (ENV_PREFIX + key.upper(), _CONVENTIONAL_ENV.get(key)):
+            if name and name in environ:
+                found[key] = (_parse_env(environ[name], info.annotation, name), name)
+                break
+    return found
+
+
+def _parse_env(text: str, annotation: Any, name: str) -> Any:
+    """Environment values are text: lists are comma-separated, mappings are JSON objects."""
+    shape = str(annotation)
+    if shape.startswith("tuple"):
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    if shape.startswith("dict"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SettingsError(f"invalid settings:\n  environment {name}: expected a JSON object: {e}") from None
+    return text
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SettingsError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SettingsError(f"config file {path} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a mapping of setting names to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}

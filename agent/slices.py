@@ -1,0 +1,144 @@
+"""Desired ResourceSlices of one pool: a pure function of its devices and counter sets.
+
+Devices are sorted by name (slice order drives the scheduler's first-fit choice, and a stable order keeps
+restarts from rewriting slices) and chunked within the API limits: at most 128 devices per slice, 64 when a
+device of the slice has taints or consumes counters; counter sets go into slices of their own, at most 8 each.
+A device the API server would reject is left out, with the reason, instead of failing the whole pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.quantity import format_quantity
+from agent.slice_rules import (
+    MAX_COUNTER_SETS,
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
+    validate_device,
+)
+from backends.contract import AttributeValue, CounterSet, Device, Version
+
+__all__ = ["API_VERSION", "MANAGED_BY", "PoolSlices", "device_body", "pool_slices"]
+
+API_VERSION = "resource.k8s.io/v1"
+MANAGED_BY = "dra-agent"
+
+
+@dataclass(frozen=True)
+class PoolSlices:
+    """The slices of one pool and the devices that could not be published."""
+
+    driver: str
+    slices: tuple[dict[str, Any], ...]
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def device_count(self) -> int:
+        return sum(len(s["spec"].get("devices", ())) for s in self.slices)
+
+
+def attribute_body(value: AttributeValue) -> dict[str, Any]:
+    """The API form of one attribute value."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.text}
+    return {"string": value}
+
+
+def device_body(device: Device, taints: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The API form of one device (spec.devices[] entry)."""
+    body: dict[str, Any] = {"name": device.name}
+    attributes = device.published_attributes()
+    if attributes:
+        body["attributes"] = {key: attribute_body(attributes[key]) for key in sorted(attributes)}
+    if device.capacity:
+        body["capacity"] = {key: {"value": format_quantity(device.capacity[key])} for key in sorted(device.capacity)}
+    if device.consumes_counters:
+        body["consumesCounters"] = [
+            {"counterSet": c.counter_set, "counters": {k: {"value": format_quantity(v)} for k, v in c.counters.items()}}
+            for c in device.consumes_counters
+        ]
+    if taints:
+        body["taints"] = list(taints)
+    return body
+
+
+def _counter_set_body(counter_set: CounterSet) -> dict[str, Any]:
+    return {
+        "name": counter_set.name,
+        "counters": {k: {"value": format_quantity(counter_set.counters[k])} for k in sorted(counter_set.counters)},
+    }
+
+
+def _chunks(bodies: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Fill slices in order; a slice holding a tainted or counter-consuming device takes at most 64."""
+    chunks: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    reduced = False
+    for body in bodies:
+        heavy = bool(body.get("taints") or body.get("consumesCounters"))
+        limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if (reduced or heavy) else MAX_DEVICES_PER_SLICE
+        if len(current) >= limit:
+            chunks.append(current)
+            current, reduced = [], False
+        current.append(body)
+        reduced = reduced or heavy
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def pool_slices(
+    driver: str,
+    node_name: str,
+    devices: Sequence[Device],
+    counter_sets: Sequence[CounterSet] = (),
+    *,
+    generation: int = 0,
+) -> PoolSlices:
+    """Every ResourceSlice of the pool `node_name` of `driver`, in publishing order."""
+    rejected: list[str] = []
+    bodies: list[dict[str, Any]] = []
+    for device in sorted(devices, key=lambda d: d.name):
+        try:
+            body = device_body(device)
+        except ValueError as e:
+            rejected.append(f"{device.name}: {e}")
+            continue
+        errors = validate_device(body)
+        if errors:
+            rejected.append(f"{device.name}: " + "; ".join(errors))
+            continue
+        bodies.append(body)
+    counter_bodies = [_counter_set_body(c) for c in sorted(counter_sets, key=lambda c: c.name)]
+    specs: list[dict[str, Any]] = [
+        {"sharedCounters": counter_bodies[i : i + MAX_COUNTER_SETS]}
+        for i in range(0, len(counter_bodies), MAX_COUNTER_SETS)
+    ]
+    specs.extend({"devices": chunk} for chunk in _chunks(bodies))
+    if not specs:
+        specs.append({})  # an empty pool still gets one slice, so the pool is seen as present
+    slices = tuple(
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "generateName": f"{node_name}-{driver}-",
+                "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(specs)},
+                **content,
+            },
+        }
+        for content in specs
+    )
+    return PoolSlices(driver, slices, tuple(rejected))

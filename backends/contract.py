@@ -1,0 +1,215 @@
+"""The backend contract: the protocol a device-family plugin implements and the values it exchanges with the core.
+
+A backend owns some physical devices of the node. The core starts it with a `BackendContext`, asks it for an
+`Inventory`, and later asks it to prepare and unprepare devices for claims and listens to its health events.
+Backends never talk to Kubernetes or gRPC; they speak only in the types defined here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from backends.topology import PciTopology, TopologyReader
+    from cdi.spec import ContainerEdits
+
+__all__ = [
+    "AttributeValue",
+    "Backend",
+    "BackendContext",
+    "BackendError",
+    "ClaimRef",
+    "ConfigError",
+    "CounterConsumption",
+    "CounterSet",
+    "Device",
+    "DeviceName",
+    "Health",
+    "HealthEvent",
+    "Inventory",
+    "PrepareError",
+    "Prepared",
+    "Version",
+]
+
+DeviceName = NewType("DeviceName", str)
+
+# Strict semantic versioning 2.0.0, the only form the API server accepts for version attributes.
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
+    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
+)
+
+
+@dataclass(frozen=True, order=True)
+class Version:
+    """A version attribute value; always valid strict semver."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if len(self.text) > 64 or not _SEMVER.fullmatch(self.text):
+            raise ValueError(f"{self.text!r} is not a strict semantic version (MAJOR.MINOR.PATCH)")
+
+    @classmethod
+    def lenient(cls, raw: str) -> Version:
+        """Turn a vendor version such as '580.95.05' or '12.4' into semver ('580.95.5', '12.4.0')."""
+        parts = raw.strip().split(".")
+        if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"cannot read {raw!r} as a version")
+        numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+        return cls(".".join(numbers))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+AttributeValue = bool | int | str | Version
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """A named set of counters that devices of the same pool draw from (partitionable devices)."""
+
+    name: str
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class CounterConsumption:
+    """How much of a counter set one device uses while it is allocated."""
+
+    counter_set: str
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocatable device as a backend sees it.
+
+    `attributes` keys without a domain live in the driver's domain. Set `topology` for a PCI device and the
+    standard topology attributes (resource.kubernetes.io/pcieRoot, pciBusID, numaNode, dra-agent.io/pcieSwitch)
+    are published with the same names for every backend.
+    """
+
+    name: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    consumes_counters: tuple[CounterConsumption, ...] = ()
+    topology: PciTopology | None = None
+
+    def published_attributes(self) -> dict[str, AttributeValue]:
+        """Own attributes plus the standard topology attributes; a backend may not override the latter."""
+        merged: dict[str, AttributeValue] = dict(self.topology.attributes()) if self.topology else {}
+        clash = merged.keys() & self.attributes.keys()
+        if clash:
+            raise ValueError(f"device {self.name}: attributes {sorted(clash)} are set from the PCI topology")
+        merged.update(self.attributes)
+        return merged
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What a backend owns right now, plus what it could not discover and why."""
+
+    devices: tuple[Device, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """Everything a backend may use from the host: where sysfs and /dev are, topology, its config, a logger."""
+
+    sysfs_root: Path
+    dev_root: Path
+    topology: TopologyReader
+    config: Mapping[str, Any]
+    log: FilteringBoundLogger
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """The ResourceClaim a prepare or unprepare is for."""
+
+    uid: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A device made ready for a claim: what the container gets, and what undoing it needs.
+
+    `restore` is checkpointed by the core and handed back to `unprepare`, possibly after a restart, so it
+    must be JSON-serialisable and sufficient on its own (e.g. MIG instance ids, the driver a device had).
+    """
+
+    device: str
+    edits: ContainerEdits
+    restore: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Health(Enum):
+    """Device health as reported to the kubelet."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """A change of one device's health; `reason` says why in words an operator understands."""
+
+    device: str
+    health: Health
+    reason: str = ""
+
+
+class BackendError(Exception):
+    """A backend could not do what was asked; the message is shown to operators as is."""
+
+
+class ConfigError(BackendError):
+    """The backend's configuration or a claim's opaque parameters are invalid."""
+
+
+class PrepareError(BackendError):
+    """Preparing or unpreparing a device for a claim failed; reported for that claim only."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A device-family plugin. Blocking calls (sysfs, NVML) must run off the event loop."""
+
+    name: str
+    """The entry-point name, e.g. 'nvidia-gpu'."""
+    driver: str
+    """The DRA driver name it publishes under by default, e.g. 'gpu.nvidia.com'."""
+
+    async def start(self, ctx: BackendContext) -> None:
+        """Validate configuration and open what discovery needs; raise ConfigError or BackendError."""
+
+    async def discover(self) -> Inventory:
+        """Return the devices this backend owns now; problems with single devices go into warnings."""
+
+    def health(self) -> AsyncIterator[HealthEvent]:
+        """Stream health changes of owned devices until stopped."""
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[str], config: Any) -> Sequence[Prepared]:
+        """Make the named devices ready for the claim; idempotent for the same claim and devices."""
+
+    async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
+        """Undo `prepare` from its restore records alone; succeed if there is nothing left to undo."""
+
+    async def stop(self) -> None:
+        """Release everything `start` opened."""

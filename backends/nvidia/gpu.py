@@ -1,0 +1,71 @@
+"""The nvidia-gpu backend: one device per full GPU (GPUs in MIG mode belong to nvidia-mig)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from backends.base import BuiltinBackend
+from backends.contract import Device, Inventory
+from backends.nvidia.attributes import gpu_attributes
+from backends.nvidia.nvml import (
+    GpuInfo,
+    NvmlError,
+    NvmlUnavailable,
+    SystemInfo,
+    list_gpus,
+    nvml_session,
+    system_info,
+)
+from backends.topology import device_name
+
+__all__ = ["NvidiaGpuBackend"]
+
+
+class NvidiaGpuBackend(BuiltinBackend):
+    """Full NVIDIA GPUs found through NVML."""
+
+    name = "nvidia-gpu"
+    driver = "gpu.nvidia.com"
+
+    async def discover(self) -> Inventory:
+        return await asyncio.to_thread(self._discover)
+
+    def _discover(self) -> Inventory:
+        try:
+            with nvml_session():
+                system = system_info()
+                gpus, problems = list_gpus()
+        except NvmlUnavailable as e:
+            self.ctx.log.debug("no NVIDIA driver on this host", reason=str(e))
+            return Inventory()
+        except NvmlError as e:
+            return Inventory(warnings=(f"NVML: {e}",))
+        # GPUs whose MIG mode is unknown are reported here, not by nvidia-mig, so each fault shows once.
+        warnings = [p.message for p in problems if not p.mig_enabled]
+        devices: list[Device] = []
+        for gpu in gpus:
+            if gpu.mig_enabled:
+                continue  # its MIG devices are published by nvidia-mig
+            device, device_problems = self._device(gpu, system)
+            devices.append(device)
+            warnings.extend(device_problems)
+        return Inventory(devices=tuple(devices), warnings=tuple(warnings))
+
+    def _device(self, gpu: GpuInfo, system: SystemInfo) -> tuple[Device, list[str]]:
+        attrs, problems = gpu_attributes(gpu, system)
+        topology = self.ctx.topology.lookup(gpu.bus_id)
+        attrs.update(
+            type="gpu",
+            uuid=gpu.uuid,
+            index=gpu.index,
+            minor=gpu.minor,
+            migCapable=gpu.mig_capable,
+            migEnabled=gpu.mig_enabled,
+        )
+        device = Device(
+            name=device_name("gpu", gpu.bus_id),
+            attributes=attrs,
+            capacity={"memory": gpu.memory_bytes},
+            topology=topology,
+        )
+        return device, [f"GPU {gpu.bus_id}: {p}" for p in problems] + list(topology.problems)

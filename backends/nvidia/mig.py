@@ -1,0 +1,107 @@
+"""The nvidia-mig backend: the MIG devices of GPUs in MIG mode, published with their parent's facts.
+
+In static mode the MIG layout is whatever exists on the GPU (created by an operator or a tool); each MIG device
+is one allocatable device, and the parent GPU itself is not offered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Literal
+
+from backends.base import BuiltinBackend
+from backends.config import BackendConfig
+from backends.contract import AttributeValue, Device, Inventory
+from backends.nvidia.attributes import gpu_attributes
+from backends.nvidia.nvml import (
+    MigInfo,
+    NvmlError,
+    NvmlUnavailable,
+    SystemInfo,
+    list_gpus,
+    list_mig_devices,
+    nvml_session,
+    system_info,
+)
+from backends.topology import PciTopology, device_name
+
+__all__ = ["NvidiaMigBackend", "mig_device_name"]
+
+
+class MigConfig(BackendConfig):
+    mode: Literal["static"] = "static"
+
+
+def mig_device_name(parent_bus_id: str, mig: MigInfo) -> str:
+    """Stable name from the parent's address, the profile and the placement: survives restarts and reboots."""
+    label = re.sub(r"[^a-z0-9]", "", mig.profile.lower())
+    name = f"{device_name('gpu', parent_bus_id)}-mig-{label}-{mig.profile_id}-{mig.placement_start}"
+    return name if mig.full_instance else f"{name}-c{mig.compute_start}"
+
+
+class NvidiaMigBackend(BuiltinBackend):
+    """MIG devices found through NVML."""
+
+    name = "nvidia-mig"
+    driver = "gpu.nvidia.com"
+    config_model = MigConfig
+
+    async def discover(self) -> Inventory:
+        return await asyncio.to_thread(self._discover)
+
+    def _discover(self) -> Inventory:
+        try:
+            with nvml_session():
+                system = system_info()
+                gpus, problems = list_gpus()
+                warnings = [p.message for p in problems if p.mig_enabled]
+                devices: list[Device] = []
+                for gpu in gpus:
+                    if not gpu.mig_enabled:
+                        continue
+                    topology = self.ctx.topology.lookup(gpu.bus_id)
+                    warnings.extend(topology.problems)
+                    try:
+                        migs = list_mig_devices(gpu)
+                    except NvmlError as e:
+                        warnings.append(f"GPU {gpu.bus_id}: MIG devices left out: {e}")
+                        continue
+                    for mig in migs:
+                        devices.append(self._device(mig, system, topology, warnings))
+        except NvmlUnavailable as e:
+            self.ctx.log.debug("no NVIDIA driver on this host", reason=str(e))
+            return Inventory()
+        except NvmlError as e:
+            return Inventory(warnings=(f"NVML: {e}",))
+        return Inventory(devices=tuple(devices), warnings=tuple(warnings))
+
+    def _device(self, mig: MigInfo, system: SystemInfo, topology: PciTopology, warnings: list[str]) -> Device:
+        attrs, problems = gpu_attributes(mig.parent, system)
+        warnings.extend(f"GPU {mig.parent.bus_id}: {p}" for p in problems)
+        own: dict[str, AttributeValue] = {
+            "type": "mig",
+            "uuid": mig.uuid,
+            "parentUUID": mig.parent.uuid,
+            "parentIndex": mig.parent.index,
+            "profile": mig.profile,
+            "placementStart": mig.placement_start,
+            "placementSize": mig.placement_size,
+            "gpuInstanceId": mig.gpu_instance_id,
+            "computeInstanceId": mig.compute_instance_id,
+        }
+        attrs.update(own)
+        return Device(
+            name=mig_device_name(mig.parent.bus_id, mig),
+            attributes=attrs,
+            capacity={
+                "memory": mig.memory_bytes,
+                "multiprocessors": mig.multiprocessors,
+                "copyEngines": mig.copy_engines,
+                "decoders": mig.decoders,
+                "encoders": mig.encoders,
+                "jpegEngines": mig.jpeg_engines,
+                "ofaEngines": mig.ofa_engines,
+            },
+            topology=topology,
+        )

@@ -1,0 +1,94 @@
+"""A simulated node on disk: its sysfs and /dev trees plus the simulated NVML plugged in under pynvml."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.simulation.catalog import GPU_MODELS
+from backends.simulation.layout import NodePlan, plan_node
+from backends.simulation.nvml import SimGpu, SimulatedNvml
+from backends.simulation.profile import NodeProfile, ProfileError, load_profile
+from backends.simulation.sysfs_tree import write_tree
+
+__all__ = ["SimulatedNode", "simulated_node"]
+
+
+@dataclass
+class SimulatedNode:
+    """The simulated hardware of one node, rooted at `root` (root/sys, root/dev)."""
+
+    profile: NodeProfile
+    plan: NodePlan
+    root: Path
+    nvml: SimulatedNvml
+
+    @property
+    def sysfs(self) -> Path:
+        return self.root / "sys"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    @classmethod
+    def build(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
+        """Lay the profile out, write its trees under `root` and create its NVML state (not yet installed)."""
+        plan = plan_node(profile)
+        write_tree(plan, root / "sys", root / "dev")
+        gpus = [
+            SimGpu(
+                model=GPU_MODELS[g.spec.model],
+                bus_id=g.bus_id,
+                uuid=g.uuid,
+                minor=g.minor,
+                numa_node=g.numa_node,
+                serial=f"{1650000000000 + g.minor:013d}",
+                mig_enabled=bool(g.spec.mig and g.spec.mig.enabled),
+                faults=dict(g.spec.faults),
+            )
+            for g in plan.gpus
+        ]
+        nvml = SimulatedNvml(
+            gpus,
+            driver_version=profile.nvidia.driver_version,
+            cuda_driver_version=profile.nvidia.cuda_driver_version,
+        )
+        for g in plan.gpus:
+            for inst in g.spec.mig.instances if g.spec.mig else []:
+                try:
+                    nvml.create_instance(g.minor, inst.profile, inst.start)
+                except Exception as e:
+                    raise ProfileError(
+                        f"GPU {g.bus_id}: cannot create MIG instance {inst.profile} at {inst.start}: {e}"
+                    ) from None
+        return cls(profile, plan, root, nvml)
+
+
+def _memory_dir() -> str | None:
+    """A RAM-backed scratch directory when there is one: like the real sysfs, the simulated one lives in
+    memory; on a disk every file creation costs a journal write and building a large node takes seconds."""
+    for candidate in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
+            return candidate
+    return None  # the system's temporary directory
+
+
+@contextmanager
+def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iterator[SimulatedNode]:
+    """Build a node from a profile (name, path or object), install its NVML, and tear both down afterwards."""
+    spec = load_profile(profile) if isinstance(profile, str) else profile
+    owned = root is None
+    base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir())) if root is None else root
+    try:
+        node = SimulatedNode.build(spec, base)
+        with node.nvml:
+            yield node
+    finally:
+        if owned:
+            shutil.rmtree(base, ignore_errors=True)

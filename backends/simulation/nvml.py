@@ -1,0 +1,524 @@
+"""A simulated NVML library for the simulated node, plugged in under the real `pynvml` module.
+
+`SimulatedNvml(gpus).install()` puts an object in `pynvml.nvmlLib` whose methods are named after the C
+symbols pynvml looks up and take the same ctypes arguments, so pynvml's own wrapper code runs unchanged and
+returns the structs, strings and `NVMLError` subclasses it would on a real node. This module owns the
+system, device-identity and event entry points plus the test-facing controls (reset, events, lost GPUs,
+static MIG layouts); MIG entry points are in `nvml_mig`, state and rules in `nvml_state`, ctypes
+marshalling in `nvml_core`. Symbols not implemented are simply absent, so pynvml raises
+`NVMLError_FunctionNotFound` as it would with an older driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, NamedTuple
+
+from backends.simulation.catalog import MigProfile
+from backends.simulation.nvml_core import (
+    HandleKind,
+    Target,
+    api,
+    check_version,
+    handle_value,
+    on_handle,
+    out,
+    set_fields,
+    set_string,
+    store_handle,
+    store_pointer_field,
+    token,
+    uint,
+)
+from backends.simulation.nvml_mig import MigSymbols
+from backends.simulation.nvml_state import (
+    MigInstanceView,
+    NvmlReturn,
+    SimGpu,
+    SimulatedNvmlError,
+    create_compute_instance,
+    create_gpu_instance,
+    destroy_gpu_instance,
+    mig_uuid,
+    parse_bus_id,
+)
+
+__all__ = [
+    "EVENT_DOUBLE_BIT_ECC",
+    "EVENT_SINGLE_BIT_ECC",
+    "EVENT_XID",
+    "NO_INSTANCE",
+    "MigInstanceView",
+    "SimGpu",
+    "SimulatedNvml",
+    "SimulatedNvmlError",
+]
+
+EVENT_SINGLE_BIT_ECC = 0x1  # nvmlEventTypeSingleBitEccError
+EVENT_DOUBLE_BIT_ECC = 0x2  # nvmlEventTypeDoubleBitEccError
+EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+_SUPPORTED_EVENTS = EVENT_XID | EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a whole-GPU event
+_MIB = 1 << 20
+_NVIDIA = 0x10DE
+_GPU, _MIG, _SET = HandleKind.GPU, HandleKind.MIG_DEVICE, HandleKind.EVENT_SET
+
+_MESSAGES = {
+    NvmlReturn.SUCCESS: "Success",
+    NvmlReturn.ERROR_UNINITIALIZED: "Uninitialized",
+    NvmlReturn.ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NvmlReturn.ERROR_NOT_SUPPORTED: "Not Supported",
+    NvmlReturn.ERROR_NOT_FOUND: "Not Found",
+    NvmlReturn.ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    NvmlReturn.ERROR_TIMEOUT: "Timeout",
+    NvmlReturn.ERROR_GPU_IS_LOST: "GPU is lost",
+    NvmlReturn.ERROR_RESET_REQUIRED: "GPU requires restart",
+    NvmlReturn.ERROR_IN_USE: "In use by another client",
+    NvmlReturn.ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
+    NvmlReturn.ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
+}
+
+
+class _ErrorString:
+    """`nvmlErrorString`: pynvml sets `restype` on the function it gets, which a bound method refuses."""
+
+    restype: object = None
+    argtypes: object = None
+
+    def __call__(self, code: Any) -> bytes:
+        try:
+            return _MESSAGES.get(NvmlReturn(uint(code)), "Unknown Error").encode()
+        except (ValueError, SimulatedNvmlError):
+            return b"Unknown Error"
+
+
+class _Event(NamedTuple):
+    gpu: int
+    event_type: int
+    data: int
+    gi: int
+    ci: int
+
+
+@dataclass(eq=False)
+class _EventSet:
+    id: int
+    masks: dict[int, int] = field(default_factory=dict)  # GPU index → registered event types
+    queue: deque[_Event] = field(default_factory=deque)
+
+
+class _Saved(NamedTuple):
+    lib: object
+    cache: dict[str, object]
+    refcount: int
+
+
+class SimulatedNvml(MigSymbols):
+    """The simulated library: GPUs in PCI bus-id order (NVML's order; index = position).
+
+    Thread-safe: one lock guards all state, as the agent calls NVML from worker threads and an event thread.
+    `driver_version` and `cuda_driver_version` (e.g. 13000 for CUDA 13.0) are what the system queries report.
+    """
+
+    def __init__(
+        self, gpus: list[SimGpu], driver_version: str = "580.95.05", cuda_driver_version: int = 13000
+    ) -> None:
+        super().__init__(gpus)
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self._error_string = _ErrorString()
+        self._event_sets: dict[int, _EventSet] = {}
+        self._next_set = 1
+        self._saved: _Saved | None = None
+
+    @classmethod
+    def implemented_symbols(cls) -> frozenset[str]:
+        """Names of the NVML C symbols this library provides."""
+        return frozenset(name for name in dir(cls) if name.startswith("nvml"))
+
+    # -- plugging into pynvml ------------------------------------------------------------------------
+
+    def install(self) -> SimulatedNvml:
+        """Make pynvml use this library (until `uninstall`); returns self."""
+        import pynvml
+
+        with pynvml.libLoadLock:
+            if self._saved is not None:
+                raise RuntimeError("this simulated NVML is already installed")
+            cache = pynvml._nvmlGetFunctionPointer_cache
+            self._saved = _Saved(pynvml.nvmlLib, dict(cache), pynvml._nvmlLib_refcount)
+            cache.clear()  # function pointers cached from another library must not be reused
+            pynvml.nvmlLib = self
+        return self
+
+    def uninstall(self) -> None:
+        """Give pynvml back the library, function-pointer cache and init refcount it had before `install`."""
+        import pynvml
+
+        with pynvml.libLoadLock:
+            if self._saved is None:
+                return
+            pynvml.nvmlLib = self._saved.lib
+            cache = pynvml._nvmlGetFunctionPointer_cache
+            cache.clear()
+            cache.update(self._saved.cache)
+            pynvml._nvmlLib_refcount = self._saved.refcount
+            self._saved = None
+
+    def __enter__(self) -> SimulatedNvml:
+        return self.install()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.uninstall()
+
+    # -- test-facing controls ------------------------------------------------------------------------
+
+    @property
+    def gpus(self) -> tuple[SimGpu, ...]:
+        """The GPUs in NVML index order."""
+        return tuple(self._gpus)
+
+    def reset_gpu(self, index: int) -> None:
+        """Reset GPU `index`: the pending MIG mode becomes current; nothing else changes."""
+        with self._lock:
+            gpu = self._gpus[index]
+            gpu.mig_enabled = gpu.mig_pending
+
+    def set_busy(self, index: int, busy: bool = True) -> None:
+        """Mark GPU `index` as running processes (a MIG mode change then fails with IN_USE)."""
+        with self._lock:
+            self._gpus[index].busy = busy
+
+    def set_lost(self, index: int, lost: bool = True) -> None:
+        """Make GPU `index` fall off the bus (every call on it returns GPU_IS_LOST) or come back."""
+        with self._lock:
+            self._gpus[index].lost = lost
+            self._changed.notify_all()  # event waiters on this GPU must return GPU_IS_LOST now
+
+    def inject_event(
+        self, index: int, event_type: int, data: int = 0, gi: int = NO_INSTANCE, ci: int = NO_INSTANCE
+    ) -> int:
+        """Queue an event for every event set GPU `index` is registered in for `event_type`; wakes waiters.
+
+        Returns the number of event sets that received it.
+        """
+        with self._lock:
+            _ = self._gpus[index]  # IndexError for an unknown GPU
+            sets = [s for s in self._event_sets.values() if s.masks.get(index, 0) & event_type]
+            for s in sets:
+                s.queue.append(_Event(index, event_type, data, gi, ci))
+            self._changed.notify_all()
+            return len(sets)
+
+    def inject_xid(self, index: int, xid: int, gi: int = NO_INSTANCE, ci: int = NO_INSTANCE) -> int:
+        """Queue an Xid critical-error event (eventData = `xid`); see `inject_event`."""
+        return self.inject_event(index, EVENT_XID, xid, gi, ci)
+
+    def create_instance(self, index: int, profile_name: str, start: int) -> tuple[int, int]:
+        """Create a GPU instance of `profile_name` at `start` with one full-size compute instance.
+
+        Goes through the same rules as the NVML calls (MIG must be enabled); raises `SimulatedNvmlError`.
+        Returns (GPU instance id, compute instance id).
+        """
+        with self._lock:
+            gpu = self._gpus[index]
+            try:
+                profile = gpu.model.mig_profile(profile_name)
+            except KeyError:
+                raise SimulatedNvmlError(NvmlReturn.ERROR_INVALID_ARGUMENT, profile_name) from None
+            gi = create_gpu_instance(gpu, profile, start)
+            full = next(i for i, s in ((0, 1), (1, 2), (2, 3), (3, 4), (4, 7)) if s == profile.slices)
+            return gi.id, create_compute_instance(gi, full).id
+
+    def destroy_instance(self, index: int, gi_id: int) -> None:
+        """Destroy GPU instance `gi_id` of GPU `index` together with its compute instances."""
+        with self._lock:
+            gpu = self._gpus[index]
+            gi = gpu.gpu_instances[gi_id]
+            gi.compute_instances.clear()
+            destroy_gpu_instance(gpu, gi)
+
+    def instances(self, index: int) -> list[MigInstanceView]:
+        """The GPU instances of GPU `index` as (profile name, start, GI id, CI ids), by GI id."""
+        with self._lock:
+            return [
+                MigInstanceView(gi.profile.name, gi.start, gi.id, tuple(sorted(gi.compute_instances)))
+                for gi in sorted(self._gpus[index].gpu_instances.values(), key=lambda g: g.id)
+            ]
+
+    def mig_mode(self, index: int) -> tuple[bool, bool]:
+        """(current, pending) MIG mode of GPU `index`."""
+        with self._lock:
+            gpu = self._gpus[index]
+            return gpu.mig_enabled, gpu.mig_pending
+
+    def mig_uuid(self, index: int, gi: int, ci: int) -> str:
+        """The UUID NVML reports for the MIG device (gi, ci) of GPU `index`."""
+        return mig_uuid(self._gpus[index].uuid, gi, ci)
+
+    # -- init and system -----------------------------------------------------------------------------
+
+    def nvmlInitWithFlags(self, flags: Any) -> int:
+        with self._lock:
+            self._init_count += 1
+        return NvmlReturn.SUCCESS
+
+    @api
+    def nvmlShutdown(self) -> int:
+        self._init_count -= 1
+        if self._init_count == 0:
+            self._event_sets.clear()
+            self._changed.notify_all()  # blocked waiters return UNINITIALIZED
+        return NvmlReturn.SUCCESS
+
+    @property
+    def nvmlErrorString(self) -> _ErrorString:
+        return self._error_string
+
+    @api
+    def nvmlSystemGetDriverVersion(self, buffer: Any, length: Any) -> int:
+        set_string(buffer, length, self.driver_version)
+        return NvmlReturn.SUCCESS
+
+    @api
+    def nvmlSystemGetNVMLVersion(self, buffer: Any, length: Any) -> int:
+        # NVML's version is the CUDA major version followed by the driver version, e.g. "13.580.95.05".
+        set_string(buffer, length, f"{self.cuda_driver_version // 1000}.{self.driver_version}")
+        return NvmlReturn.SUCCESS
+
+    @api
+    def nvmlSystemGetCudaDriverVersion(self, version: Any) -> int:
+        out(version).value = self.cuda_driver_version
+        return NvmlReturn.SUCCESS
+
+    @api
+    def nvmlSystemGetCudaDriverVersion_v2(self, version: Any) -> int:
+        out(version).value = self.cuda_driver_version
+        return NvmlReturn.SUCCESS
+
+    # -- enumeration ---------------------------------------------------------------------------------
+
+    @api
+    def nvmlDeviceGetCount_v2(self, count: Any) -> int:
+        out(count).value = len(self._gpus)
+        return NvmlReturn.SUCCESS
+
+    def _hand_out(self, index: int, symbol: str, device: Any, value: int | None = None) -> int:
+        self._admit(self._gpus[index], symbol)
+        store_handle(device, token(_GPU, index) if value is None else value)
+        return NvmlReturn.SUCCESS
+
+    @api
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, device: Any) -> int:
+        i = uint(index)
+        if i >= len(self._gpus):
+            return NvmlReturn.ERROR_INVALID_ARGUMENT
+        return self._hand_out(i, "nvmlDeviceGetHandleByIndex_v2", device)
+
+    @api
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any, device: Any) -> int:
+        wanted = getattr(uuid, "value", uuid)
+        text = wanted.decode() if isinstance(wanted, bytes) else str(wanted)
+        for i, gpu in enumerate(self._gpus):
+            if gpu.uuid == text:
+                return self._hand_out(i, "nvmlDeviceGetHandleByUUID", device)
+            for gi, ci in gpu.mig_slots():
+                if mig_uuid(gpu.uuid, gi.id, ci.id) == text:
+                    mig = token(_MIG, i, gi.id, ci.id)
+                    return self._hand_out(i, "nvmlDeviceGetHandleByUUID", device, mig)
+        return NvmlReturn.ERROR_NOT_FOUND
+
+    @api
+    def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id: Any, device: Any) -> int:
+        wanted = getattr(bus_id, "value", bus_id)
+        try:
+            key = parse_bus_id(wanted.decode() if isinstance(wanted, bytes) else str(wanted))
+        except ValueError:
+            return NvmlReturn.ERROR_INVALID_ARGUMENT
+        for i, gpu in enumerate(self._gpus):
+            if parse_bus_id(gpu.bus_id) == key:
+                return self._hand_out(i, "nvmlDeviceGetHandleByPciBusId_v2", device)
+        return NvmlReturn.ERROR_NOT_FOUND
+
+    # -- identity (physical GPUs; MIG handles where NVML answers for them too) -----------------------
+
+    @on_handle(_GPU)
+    def nvmlDeviceGetIndex(self, t: Target, index: Any) -> int:
+        out(index).value = t.index
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetUUID(self, t: Target, buffer: Any, length: Any) -> int:
+        text = mig_uuid(t.gpu.uuid, t.gi.id, t.ci.id) if t.gi and t.ci else t.gpu.uuid
+        set_string(buffer, length, text)
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetName(self, t: Target, buffer: Any, length: Any) -> int:
+        name = t.gpu.model.product_name
+        if t.gi and t.ci:
+            gslices = t.gi.profile.slices
+            part = t.gi.profile.name if t.ci.slices == gslices else f"{t.ci.slices}c.{t.gi.profile.name}"
+            name = f"{name} MIG {part}"
+        set_string(buffer, length, name)
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetBrand(self, t: Target, brand: Any) -> int:
+        out(brand).value = t.gpu.model.brand
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU)
+    def nvmlDeviceGetSerial(self, t: Target, buffer: Any, length: Any) -> int:
+        if not t.gpu.serial:
+            return NvmlReturn.ERROR_NOT_SUPPORTED  # boards without a serial number
+        set_string(buffer, length, t.gpu.serial)
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU)
+    def nvmlDeviceGetMinorNumber(self, t: Target, minor: Any) -> int:
+        out(minor).value = t.gpu.minor
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetPciInfo_v3(self, t: Target, info: Any) -> int:
+        domain, bus, dev, fn = parse_bus_id(t.gpu.bus_id)
+        device_id = t.gpu.model.device_id << 16 | _NVIDIA
+        set_fields(
+            out(info),
+            busIdLegacy=f"{domain:04X}:{bus:02X}:{dev:02X}.{fn:X}".encode(),
+            busId=f"{domain:08X}:{bus:02X}:{dev:02X}.{fn:X}".encode(),
+            domain=domain,
+            bus=bus,
+            device=dev,
+            pciDeviceId=device_id,
+            pciSubSystemId=device_id,  # reference boards: subsystem = device, NVIDIA
+        )
+        return NvmlReturn.SUCCESS
+
+    def _memory_mib(self, t: Target) -> int:
+        return t.gi.profile.memory_mib if t.gi else t.gpu.model.memory_mib
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetMemoryInfo(self, t: Target, memory: Any) -> int:
+        total = self._memory_mib(t) * _MIB
+        set_fields(out(memory), total=total, free=total, used=0)
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetMemoryInfo_v2(self, t: Target, memory: Any) -> int:
+        check_version(out(memory), 2)
+        total = self._memory_mib(t) * _MIB
+        set_fields(out(memory), total=total, reserved=0, free=total, used=0)
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetArchitecture(self, t: Target, arch: Any) -> int:
+        out(arch).value = t.gpu.model.architecture
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetCudaComputeCapability(self, t: Target, major: Any, minor: Any) -> int:
+        out(major).value, out(minor).value = t.gpu.model.compute_capability
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU)
+    def nvmlDeviceGetNumaNodeId(self, t: Target, node: Any) -> int:
+        if t.gpu.numa_node < 0:
+            return NvmlReturn.ERROR_NOT_SUPPORTED
+        out(node).value = t.gpu.numa_node
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetAttributes_v2(self, t: Target, attributes: Any) -> int:
+        model = t.gpu.model
+        p: MigProfile | None
+        if t.gi and t.ci:
+            p = t.gi.profile
+            sms = p.multiprocessors * t.ci.slices // p.slices
+            gi_slices, ci_slices, mib = p.slices, t.ci.slices, p.memory_mib
+        else:
+            p = max(model.mig_profiles, key=lambda q: q.slices, default=None)  # whole-GPU engines
+            sms, gi_slices, ci_slices, mib = model.multiprocessors, 0, 0, model.memory_mib
+        set_fields(
+            out(attributes),
+            multiprocessorCount=sms,
+            sharedCopyEngineCount=p.copy_engines if p else 0,
+            sharedDecoderCount=p.decoders if p else 0,
+            sharedEncoderCount=p.encoders if p else 0,
+            sharedJpegCount=p.jpegs if p else 0,
+            sharedOfaCount=p.ofas if p else 0,
+            gpuInstanceSliceCount=gi_slices,
+            computeInstanceSliceCount=ci_slices,
+            memorySizeMB=mib,
+        )
+        return NvmlReturn.SUCCESS
+
+    # -- events --------------------------------------------------------------------------------------
+
+    def _event_set(self, handle: Any) -> _EventSet:
+        value = handle_value(handle) or 0
+        s = self._event_sets.get(value & 0xFFFFFFFF) if value >> 48 == _SET else None
+        if s is None:
+            raise SimulatedNvmlError(NvmlReturn.ERROR_INVALID_ARGUMENT, f"not an event set: {handle!r}")
+        return s
+
+    @api
+    def nvmlEventSetCreate(self, event_set: Any) -> int:
+        s = _EventSet(self._next_set)
+        self._next_set += 1
+        self._event_sets[s.id] = s
+        store_handle(event_set, token(_SET) | s.id)
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceGetSupportedEventTypes(self, t: Target, types: Any) -> int:
+        out(types).value = _SUPPORTED_EVENTS
+        return NvmlReturn.SUCCESS
+
+    @on_handle(_GPU, _MIG)
+    def nvmlDeviceRegisterEvents(self, t: Target, types: Any, event_set: Any) -> int:
+        s = self._event_set(event_set)
+        mask = uint(types)
+        if t.mig or mask & ~_SUPPORTED_EVENTS:
+            return NvmlReturn.ERROR_NOT_SUPPORTED  # per-MIG-device registration does not exist
+        s.masks[t.index] = s.masks.get(t.index, 0) | mask
+        return NvmlReturn.SUCCESS
+
+    @api
+    def nvmlEventSetWait_v2(self, event_set: Any, data: Any, timeout_ms: Any) -> int:
+        s = self._event_set(event_set)
+        record = out(data)
+        deadline = time.monotonic() + uint(timeout_ms) / 1000
+        for index in s.masks:
+            code = self._gpus[index].faults.get("nvmlEventSetWait_v2", 0)
+            if code:
+                return code
+        while True:
+            if self._init_count == 0:
+                return NvmlReturn.ERROR_UNINITIALIZED
+            if self._event_sets.get(s.id) is not s:
+                return NvmlReturn.ERROR_INVALID_ARGUMENT  # freed while waiting
+            if s.queue:
+                ev = s.queue.popleft()
+                store_pointer_field(record, "device", token(_GPU, ev.gpu))
+                set_fields(record, eventType=ev.event_type, eventData=ev.data,
+                           gpuInstanceId=ev.gi, computeInstanceId=ev.ci)
+                return NvmlReturn.SUCCESS
+            if any(self._gpus[i].lost for i in s.masks):
+                return NvmlReturn.ERROR_GPU_IS_LOST
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return NvmlReturn.ERROR_TIMEOUT
+            self._changed.wait(remaining)  # releases the lock while sleeping
+
+    @api
+    def nvmlEventSetFree(self, event_set: Any) -> int:
+        del self._event_sets[self._event_set(event_set).id]
+        self._changed.notify_all()
+        return NvmlReturn.SUCCESS

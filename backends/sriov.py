@@ -1,0 +1,93 @@
+"""The sriov-nic backend: the virtual functions of every SR-IOV capable network adapter.
+
+A physical function is any network-class PCI function with `sriov_totalvfs` > 0; its VFs are found through its
+`virtfn<N>` links. Each VF is one allocatable device carrying its PF, kernel driver, netdev, RDMA capability
+and the standard topology attributes, so a claim can pair it with a GPU on the same PCIe root or switch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from backends.base import BuiltinBackend
+from backends.contract import AttributeValue, Device, Inventory
+from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_hex, read_int, read_link_name
+from backends.topology import device_name
+
+__all__ = ["SriovNicBackend"]
+
+_NETWORK_CLASS = 0x02
+
+
+class SriovNicBackend(BuiltinBackend):
+    """SR-IOV virtual functions of network adapters."""
+
+    name = "sriov-nic"
+    driver = "sriov.dra-agent.io"
+
+    async def discover(self) -> Inventory:
+        return await asyncio.to_thread(self._discover)
+
+    def _discover(self) -> Inventory:
+        devices: list[Device] = []
+        warnings: list[str] = []
+        try:
+            bus_ids = list_pci_devices(self.ctx.sysfs_root)
+        except SysfsError as e:
+            return Inventory(warnings=(str(e),))
+        for bus_id in bus_ids:
+            folder = self.ctx.topology.device_dir(bus_id)
+            try:
+                if not _is_physical_function(folder):
+                    continue
+                devices.extend(self._virtual_functions(bus_id, folder, warnings))
+            except SysfsError as e:
+                warnings.append(f"NIC {bus_id}: {e}; its VFs are left out")
+        return Inventory(devices=tuple(devices), warnings=tuple(warnings))
+
+    def _virtual_functions(self, pf_bus_id: str, pf: Path, warnings: list[str]) -> list[Device]:
+        pf_netdevs = list_dir(pf / "net")
+        pf_name = pf_netdevs[0] if pf_netdevs else None
+        speed = read_int(pf / "net" / pf_name / "speed") if pf_name else None
+        links = sorted(
+            (int(entry.removeprefix("virtfn")), entry)
+            for entry in list_dir(pf)
+            if entry.startswith("virtfn") and entry.removeprefix("virtfn").isdigit()
+        )
+        devices: list[Device] = []
+        for index, link in links:
+            vf_bus_id = read_link_name(pf / link)
+            if vf_bus_id is None:
+                continue
+            topology = self.ctx.topology.lookup(vf_bus_id)
+            warnings.extend(topology.problems)
+            vf = self.ctx.topology.device_dir(vf_bus_id)
+            attrs: dict[str, AttributeValue] = {
+                "type": "vf",
+                "pfPciBusID": pf_bus_id,
+                "vfIndex": index,
+                "rdma": bool(list_dir(vf / "infiniband")),
+            }
+            if pf_name:
+                attrs["pfName"] = pf_name
+            if topology.vendor_id is not None and topology.device_id is not None:
+                attrs["vendorID"] = f"{topology.vendor_id:04x}"
+                attrs["deviceID"] = f"{topology.device_id:04x}"
+            if topology.driver:
+                attrs["driver"] = topology.driver
+            netdevs = list_dir(vf / "net")
+            if netdevs:
+                attrs["netdev"] = netdevs[0]
+            if speed is not None and speed > 0:
+                attrs["linkSpeedMbps"] = speed
+            devices.append(Device(name=device_name("vf", vf_bus_id), attributes=attrs, topology=topology))
+        return devices
+
+
+def _is_physical_function(folder: Path) -> bool:
+    total = read_int(folder / "sriov_totalvfs")
+    if not total:
+        return False
+    cls = read_hex(folder / "class")
+    return cls is not None and cls >> 16 == _NETWORK_CLASS

@@ -1,0 +1,62 @@
+"""Shared fixtures: scratch directories in memory, simulated nodes, and the CLI run in-process."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from backends.simulation.node import SimulatedNode, simulated_node
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short-named empty directory in RAM when possible (this machine's disk makes file creation slow)."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    path = Path(tempfile.mkdtemp(prefix="dra-t-", dir=base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def sim_node(scratch: Path) -> Iterator[Callable[[str], SimulatedNode]]:
+    """Build simulated nodes by profile name or path; each is torn down (NVML uninstalled) after the test."""
+    with ExitStack() as stack:
+
+        def build(profile: str) -> SimulatedNode:
+            root = scratch / f"node{len(os.listdir(scratch))}"
+            return stack.enter_context(simulated_node(profile, root))
+
+        yield build
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """Run `dra-agent` in this process with captured stdout/stderr and a clean DRA_AGENT_* environment."""
+    for key in list(os.environ):
+        if key.startswith("DRA_AGENT_") or key in ("NODE_NAME", "KUBECONFIG"):
+            monkeypatch.delenv(key)
+
+    def run(*args: str) -> CliResult:
+        out, err = io.StringIO(), io.StringIO()
+        monkeypatch.setattr("sys.stdout", out)
+        monkeypatch.setattr("sys.stderr", err)
+        code = main(list(args))
+        return CliResult(code, out.getvalue(), err.getvalue())
+
+    return run

@@ -1,0 +1,125 @@
+"""Bad input and broken hardware: clear messages, the rest still published, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from backends.simulation.node import SimulatedNode
+from tests.conftest import CliResult
+from tests.slice_checks import assert_valid_slices
+
+
+def host_flags(node: SimulatedNode) -> list[str]:
+    return ["--sysfs-root", str(node.sysfs), "--dev-root", str(node.dev), "--node-name", "node-a"]
+
+
+def names(out: str, driver: str) -> list[str]:
+    return [d["name"] for s in json.loads(out) if s["spec"]["driver"] == driver for d in s["spec"].get("devices", [])]
+
+
+def test_unknown_profile(run_cli: Callable[..., CliResult]) -> None:
+    result = run_cli("discover", "--simulate", "dgx-h1000")
+    assert result.code == 2
+    assert "unknown profile 'dgx-h1000'" in result.err and "dgx-h100" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_malformed_profile_yaml(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    bad = scratch / "bad.yaml"
+    bad.write_text("name: x\nroot_complexes:\n  - ports: [\n")
+    result = run_cli("discover", "--simulate", str(bad))
+    assert result.code == 2
+    assert f"{bad}: not valid YAML at line" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_profile_with_unknown_model_and_field(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    bad = scratch / "bad.yaml"
+    bad.write_text(
+        "name: x\nroot_complexes:\n  - integrated:\n      - gpu: RTX-9090\n      - nic: {model: E810, vf: 3}\n"
+    )
+    result = run_cli("discover", "--simulate", str(bad))
+    assert result.code == 2
+    assert "unknown GPU model 'RTX-9090'" in result.err and "H100-SXM5-80GB" in result.err
+    assert "root_complexes.0.integrated.1.nic.vf: Extra inputs are not permitted" in result.err
+
+
+def test_missing_profile_file(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    result = run_cli("discover", "--simulate", str(scratch / "nope.yaml"))
+    assert result.code == 2 and "cannot read profile" in result.err
+
+
+def test_nvml_error_on_one_gpu_leaves_the_others(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    profile = scratch / "faulty.yaml"
+    profile.write_text(
+        "name: faulty\nroot_complexes:\n  - numa_node: 0\n    integrated:\n"
+        "      - gpu: Tesla-T4\n"
+        "      - gpu: {model: Tesla-T4, faults: {nvmlDeviceGetMemoryInfo: 15}}\n"
+        "      - gpu: Tesla-T4\n"
+    )
+    result = run_cli("discover", "--simulate", str(profile), "-o", "json", "--log-format", "json")
+    assert result.code == 0
+    assert names(result.out, "gpu.nvidia.com") == ["gpu-0000-00-04-0", "gpu-0000-00-06-0"]
+    problems = [json.loads(line) for line in result.err.splitlines() if "device problem" in line]
+    assert len(problems) == 1
+    assert "GPU 1" in problems[0]["problem"] and "nvmlDeviceGetMemoryInfo" in problems[0]["problem"]
+    assert "Traceback" not in result.err
+
+
+def test_unreadable_sysfs_attributes(run_cli: Callable[..., CliResult],
+                                     sim_node: Callable[[str], SimulatedNode]) -> None:
+    node = sim_node("dgx-h100")
+    vf_numa = node.sysfs / "bus/pci/devices/0000:19:00.3/numa_node"
+    vf_numa.unlink()
+    vf_numa.mkdir()  # reading a directory fails, even as root
+    pf_total = node.sysfs / "bus/pci/devices/0000:1d:00.0/sriov_totalvfs"
+    pf_total.unlink()
+    pf_total.mkdir()
+    result = run_cli("discover", *host_flags(node), "-o", "json", "--log-format", "json")
+    assert result.code == 0, result.err
+    vfs = names(result.out, "sriov.dra-agent.io")
+    assert len(vfs) == 56, "the PF whose files cannot be read loses its 8 VFs, nothing else"
+    assert not any(v.startswith("vf-0000-1d-") for v in vfs)
+    assert "vf-0000-19-00-3" in vfs, "a VF with an unreadable NUMA node is still published"
+    slices = json.loads(result.out)
+    (vf,) = [d for s in slices for d in s["spec"].get("devices", []) if d["name"] == "vf-0000-19-00-3"]
+    assert "resource.kubernetes.io/numaNode" not in vf["attributes"]
+    assert_valid_slices(slices)
+    assert "0000:19:00.3: numa_node" in result.err and "Is a directory" in result.err
+    assert "NIC 0000:1d:00.0" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_host_without_supported_hardware(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    (scratch / "sys").mkdir()
+    (scratch / "dev").mkdir()
+    result = run_cli("discover", "--sysfs-root", str(scratch / "sys"), "--dev-root", str(scratch / "dev"),
+                     "--node-name", "plain", "-o", "json")
+    assert result.code == 0
+    assert result.out.strip() in ("", "[]")
+    assert "No supported devices found on node plain" in result.err
+
+
+def test_no_usable_backend_is_a_failure(run_cli: Callable[..., CliResult]) -> None:
+    result = run_cli("discover", "--simulate", "gke-g2-l4", "--backends", "fpga", "--log-format", "json")
+    assert result.code == 1
+    assert '"backend": "fpga"' in result.err and "no installed package provides it" in result.err
+    assert "no backend could run" in result.err
+
+
+def test_invalid_settings(run_cli: Callable[..., CliResult]) -> None:
+    result = run_cli("discover", "--simulate", "gke-g2-l4", "--node-name", "Not_A_Node")
+    assert result.code == 2
+    assert "node_name = 'Not_A_Node' (from flag --node-name)" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_backend_config_errors_name_the_backend(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    config = scratch / "agent.yaml"
+    config.write_text("backend_config:\n  nvidia-mig: {mode: sideways}\n")
+    result = run_cli("discover", "--simulate", "mixed", "--config", str(config), "-o", "json")
+    assert result.code == 0, "one misconfigured backend does not stop the others"
+    assert "invalid configuration for backend nvidia-mig: mode" in result.err
+    assert names(result.out, "tpu.google.com")

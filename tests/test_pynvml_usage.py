@@ -1,0 +1,60 @@
+"""The project's NVML calls exist in the installed pynvml, and the simulation answers exactly what they use."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pynvml
+
+from backends.simulation.nvml import SimulatedNvml
+
+WRAPPER = Path(__file__).resolve().parent.parent / "backends/nvidia/nvml.py"
+_LOOKUP = re.compile(r'_nvmlGetFunctionPointer\("(\w+)"\)')
+
+
+def project_calls() -> dict[str, int]:
+    """pynvml function → number of positional arguments the project passes to it."""
+    calls: dict[str, int] = {}
+    for node in ast.walk(ast.parse(WRAPPER.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "pynvml":
+            calls[func.attr] = len(node.args)
+        elif isinstance(func, ast.Name) and func.id == "_call":
+            # _call("name", pynvml.fn, *args): the name must match and the rest are fn's arguments.
+            label, target = node.args[0], node.args[1]
+            assert isinstance(label, ast.Constant) and isinstance(target, ast.Attribute)
+            assert label.value == target.attr, f"_call label {label.value} does not match {target.attr}"
+            calls[target.attr] = len(node.args) - 2
+    return calls
+
+
+def test_every_called_function_exists_with_a_compatible_signature() -> None:
+    calls = project_calls()
+    assert len(calls) > 20
+    for name, argc in calls.items():
+        fn = getattr(pynvml, name, None)
+        assert callable(fn), f"pynvml has no function {name}"
+        inspect.signature(fn).bind(*([None] * argc))  # raises TypeError when the arity is wrong
+
+
+def test_simulation_implements_every_symbol_the_project_reaches() -> None:
+    implemented = SimulatedNvml.implemented_symbols()
+    for name in project_calls():
+        source = inspect.getsource(getattr(pynvml, name))
+        symbols = set(_LOOKUP.findall(source))
+        # Wrappers that delegate (nvmlInit → nvmlInitWithFlags, nvmlDeviceGetPciInfo → …_v3) reach further.
+        for callee in set(re.findall(r"\b(nvml\w+)\(", source)) - {name}:
+            if callable(getattr(pynvml, callee, None)):
+                symbols |= set(_LOOKUP.findall(inspect.getsource(getattr(pynvml, callee))))
+        missing = symbols - implemented
+        assert not missing, f"{name} looks up {sorted(missing)}, which the simulated NVML does not implement"
+
+
+def test_simulated_symbols_are_ones_pynvml_looks_up() -> None:
+    looked_up = set(_LOOKUP.findall(Path(pynvml.__file__).read_text()))
+    assert SimulatedNvml.implemented_symbols() - looked_up == set()
