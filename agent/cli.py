@@ -19,7 +19,9 @@ __all__ = ["build_parser", "main"]
 Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
 
 # Flags that map one-to-one onto settings (argparse dest == setting name).
-_SETTING_FLAGS = ("node_name", "log_level", "log_format", "simulate", "sysfs_root", "dev_root", "backends")
+_SETTING_FLAGS = (
+    "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "backends",
+)
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -31,6 +33,8 @@ def _common_options() -> argparse.ArgumentParser:
                             "else the host name)")
     group.add_argument("--simulate", metavar="PROFILE",
                        help="run on a simulated node: a built-in profile name or a profile YAML file")
+    group.add_argument("--sim-root", dest="sim_root", type=Path, metavar="DIR",
+                       help="keep the simulated node in DIR and reuse it on later runs (default: temporary)")
     group.add_argument("--sysfs-root", dest="sysfs_root", type=Path, metavar="DIR", help="sysfs root (/sys)")
     group.add_argument("--dev-root", dest="dev_root", type=Path, metavar="DIR", help="device node root (/dev)")
     group.add_argument("--backends", metavar="NAMES",

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.api_names import is_node_name
 from agent.settings import Settings
 
 __all__ = ["Host", "NodeNameError", "open_host", "resolve_node_name"]
@@ -38,7 +39,7 @@ def open_host(settings: Settings) -> Iterator[Host]:
         return
     from backends.simulation.node import simulated_node  # only simulated runs pay for the simulator
 
-    with simulated_node(settings.simulate) as node:
+    with simulated_node(settings.simulate, settings.sim_root) as node:
         yield Host(node.sysfs, node.dev, node.profile.name)
 
 
@@ -49,6 +50,6 @@ def resolve_node_name(settings: Settings, host: Host) -> str:
     if host.profile:
         return host.profile
     name = socket.gethostname().lower()
-    if not name or len(name) > 253 or not all(c.isalnum() or c in "-." for c in name):
+    if not is_node_name(name):
         raise NodeNameError(f"host name {name!r} is not a valid node name; set --node-name or NODE_NAME")
     return name

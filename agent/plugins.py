@@ -8,11 +8,11 @@ the contract is reported with its distribution's name and skipped; the others ke
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
+from agent.api_names import is_driver_name
 from backends.contract import Backend
 
 __all__ = ["GROUP", "FoundPlugin", "LoadedPlugin", "PluginFailure", "check_backend", "find_plugins", "load_plugins"]
@@ -20,7 +20,6 @@ __all__ = ["GROUP", "FoundPlugin", "LoadedPlugin", "PluginFailure", "check_backe
 GROUP = "dra_agent.backends"
 _OWN = "dra-agent"
 
-_DRIVER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 # Coroutine methods of the contract and the positional arguments each takes after self.
 _ASYNC_METHODS = {"start": 1, "discover": 0, "prepare": 3, "unprepare": 2, "stop": 0}
@@ -115,7 +114,7 @@ def check_backend(backend: object, entry_point_name: str) -> list[str]:
     if name != entry_point_name:
         problems.append(f"attribute 'name' is {name!r}, expected the entry-point name {entry_point_name!r}")
     driver = getattr(backend, "driver", None)
-    if not isinstance(driver, str) or len(driver) > 63 or not _DRIVER_NAME.fullmatch(driver):
+    if not isinstance(driver, str) or not is_driver_name(driver) or driver != driver.lower():
         problems.append(f"attribute 'driver' is {driver!r}, expected a DRA driver name "
                         "(lower-case DNS subdomain of at most 63 characters)")
     for method, arity in _ASYNC_METHODS.items():

@@ -7,13 +7,14 @@ plus the conventional `NODE_NAME` and `KUBECONFIG`. Errors name the setting, the
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agent.api_names import is_driver_name, is_node_name
 
 __all__ = ["ENV_PREFIX", "Settings", "SettingsError", "load_settings"]
 
@@ -22,15 +23,8 @@ ENV_PREFIX = "DRA_AGENT_"
 # Settings that also answer to a conventional variable; the DRA_AGENT_ spelling wins when both are set.
 _CONVENTIONAL_ENV = {"node_name": "NODE_NAME", "kubeconfig": "KUBECONFIG"}
 
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
 class SettingsError(Exception):
     """The settings are invalid; the message lists every problem with its source."""
-
-
-def _is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None
 
 
 class Settings(BaseModel):
@@ -46,6 +40,8 @@ class Settings(BaseModel):
     """auto: JSON when the log stream is not a terminal, readable console lines when it is."""
     simulate: str | None = None
     """A built-in simulated node profile or the path of a profile YAML file."""
+    sim_root: Path | None = None
+    """Keep the simulated node in this folder across runs (default: a temporary folder, removed at exit)."""
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
     backends: tuple[str, ...] | None = None
@@ -58,7 +54,7 @@ class Settings(BaseModel):
     @field_validator("node_name")
     @classmethod
     def _node_name(cls, v: str | None) -> str | None:
-        if v is not None and not _is_dns_subdomain(v):
+        if v is not None and not is_node_name(v):
             raise ValueError("must be a valid node name: lower-case letters, digits, '-' and '.', at most 253")
         return v
 
@@ -73,7 +69,7 @@ class Settings(BaseModel):
     @classmethod
     def _driver_names(cls, v: dict[str, str]) -> dict[str, str]:
         for new in v.values():
-            if len(new) > 63 or not _is_dns_subdomain(new):
+            if not is_driver_name(new) or new != new.lower():
                 raise ValueError(f"{new!r} is not a valid DRA driver name (a DNS subdomain of at most 63)")
         return v
 

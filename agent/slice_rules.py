@@ -20,6 +20,24 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any, TypeGuard
 
+from agent.api_names import (
+    DNS_LABEL_MSG,
+    DRIVER_MSG,
+    LABEL_KEY_MSG,
+    LABEL_VALUE_MSG,
+    NODE_NAME_MSG,
+    QUALIFIED_MSG,
+    SEMVER_MSG,
+    SUBDOMAIN_MSG,
+    is_dns_label,
+    is_dns_subdomain,
+    is_driver_name,
+    is_label_key,
+    is_label_value,
+    is_node_name,
+    is_qualified_name,
+    is_semver,
+)
 from agent.quantity import parse_quantity
 
 API_VERSION = "resource.k8s.io/v1"
@@ -35,98 +53,15 @@ MAX_CONSUMES_COUNTERS = 2
 MAX_STRING_ATTRIBUTE_BYTES = 64
 MAX_BINDING_CONDITIONS = 4
 MAX_VALID_VALUES = 10
-MAX_ID_LENGTH = 32
-MAX_DRIVER_NAME_LENGTH = 63
 MAX_POOL_NAME_LENGTH = 253
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
-_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL_RE = re.compile(_LABEL)
-_DNS_SUBDOMAIN_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
-_C_IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LABEL_NAME_RE = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_NUM, _PRE = r"(?:0|[1-9][0-9]*)", r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
-_SEMVER_RE = re.compile(
-    rf"{_NUM}\.{_NUM}\.{_NUM}(?:-{_PRE}(?:\.{_PRE})*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?"
-)
 _RFC3339_RE = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})"
 )
 
-_DNS_LABEL_MSG = "must be a DNS label: 1-63 lower-case letters, digits or '-', alphanumeric at both ends"
-_SUBDOMAIN_MSG = "must be a DNS subdomain: at most 253 lower-case letters, digits, '-' or '.'"
-_DRIVER_MSG = "must be at most 63 characters that, lower-cased, form a DNS subdomain (e.g. gpu.example.com)"
-_NODE_NAME_MSG = "must be a node name (a DNS subdomain of at most 253 characters)"
-_QUALIFIED_MSG = (
-    "must be a C identifier of at most 32 characters, optionally prefixed by a DNS subdomain and '/'"
-)
-_LABEL_KEY_MSG = "must be a label key: [DNS subdomain '/'] name of 1-63 letters, digits, '-', '_', '.'"
-_LABEL_VALUE_MSG = "must be empty or 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends"
-_SEMVER_MSG = "must be semver 2.0.0: three numeric parts, no 'v', e.g. 1.2.3 or 1.2.3-rc.1+build.5"
 _LIST_FIELDS = {"int": "ints", "bool": "bools", "string": "strings", "version": "versions"}
-
-
-# --- format predicates (accept any object so raw JSON values can be passed) --------------------
-
-
-def is_dns_label(s: object) -> bool:
-    """RFC 1123 label: at most 63 lower-case alphanumerics or '-', alphanumeric at both ends."""
-    return isinstance(s, str) and len(s) <= 63 and _DNS_LABEL_RE.fullmatch(s) is not None
-
-
-def is_dns_subdomain(s: object) -> bool:
-    """RFC 1123 subdomain: at most 253 characters of dot-separated DNS labels."""
-    return isinstance(s, str) and len(s) <= 253 and _DNS_SUBDOMAIN_RE.fullmatch(s) is not None
-
-
-def is_c_identifier(s: object) -> bool:
-    """C identifier: a letter or '_', then letters, digits or '_' (no length limit)."""
-    return isinstance(s, str) and _C_IDENTIFIER_RE.fullmatch(s) is not None
-
-
-def is_label_key(s: object) -> bool:
-    """Label key: optional DNS-subdomain prefix and '/', then a name of 1-63 characters."""
-    if not isinstance(s, str) or s.count("/") > 1:
-        return False
-    prefix, slash, name = s.rpartition("/")
-    if slash and not is_dns_subdomain(prefix):
-        return False
-    return len(name) <= 63 and _LABEL_NAME_RE.fullmatch(name) is not None
-
-
-def is_label_value(s: object) -> bool:
-    """Label value: empty, or at most 63 characters in the label-name format."""
-    return isinstance(s, str) and (s == "" or (len(s) <= 63 and _LABEL_NAME_RE.fullmatch(s) is not None))
-
-
-def is_driver_name(s: object) -> bool:
-    """Driver name (ValidateCSIDriverName): 1-63 bytes whose lower-cased form is a DNS subdomain."""
-    if not isinstance(s, str) or not 0 < len(s.encode()) <= MAX_DRIVER_NAME_LENGTH:
-        return False
-    # Go lower-cases with the simple case mapping, which turns U+0130 into a plain 'i';
-    # Python's full mapping would add a combining dot.
-    return is_dns_subdomain(s.replace("\u0130", "i").lower())
-
-
-def is_qualified_name(s: object) -> bool:
-    """Attribute or capacity key: ``ID`` or ``DOMAIN/ID`` (Q1-Q5)."""
-    if not isinstance(s, str) or s.count("/") > 1:
-        return False
-    domain, slash, ident = s.rpartition("/")
-    if slash and not is_driver_name(domain):
-        return False
-    return len(ident) <= MAX_ID_LENGTH and is_c_identifier(ident)
-
-
-def is_semver(s: object) -> bool:
-    """Strict semantic version 2.0.0, as checked for version attributes (V4)."""
-    return isinstance(s, str) and _SEMVER_RE.fullmatch(s) is not None
-
-
-def is_node_name(s: object) -> bool:
-    """Node name: a DNS subdomain."""
-    return is_dns_subdomain(s)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -152,6 +87,8 @@ def _show(value: Any) -> str:
 
 
 def _key(path: str, key: Any) -> str:
+    if isinstance(key, str) and key.isprintable() and '"' not in key and "\\" not in key:
+        return f'{path}["{key}"]'  # what json.dumps would give, without its cost on every attribute
     return f"{path}[{json.dumps(key, ensure_ascii=False, default=str)}]"
 
 
@@ -210,7 +147,7 @@ def _check_metadata(meta: Mapping[str, Any], errs: _Errors) -> None:
     """M1, M2."""
     name, prefix = meta.get("name"), meta.get("generateName")
     if name:
-        errs.check(is_dns_subdomain(name), "metadata.name", _SUBDOMAIN_MSG, name)
+        errs.check(is_dns_subdomain(name), "metadata.name", SUBDOMAIN_MSG, name)
     elif not prefix:
         errs.add("metadata.name", "name or generateName is required")
     if prefix:
@@ -223,10 +160,10 @@ def _check_metadata(meta: Mapping[str, Any], errs: _Errors) -> None:
     if meta.get("namespace"):
         errs.add("metadata.namespace", "must not be set: ResourceSlice is cluster-scoped")
     for key, value in _as_map(meta.get("labels"), "metadata.labels", errs).items():
-        errs.check_key(is_label_key(key), _key("metadata.labels", key), _LABEL_KEY_MSG)
-        errs.check(is_label_value(value), _key("metadata.labels", key), _LABEL_VALUE_MSG, value)
+        errs.check_key(is_label_key(key), _key("metadata.labels", key), LABEL_KEY_MSG)
+        errs.check(is_label_value(value), _key("metadata.labels", key), LABEL_VALUE_MSG, value)
     for key in _as_map(meta.get("annotations"), "metadata.annotations", errs):
-        errs.check_key(is_label_key(str(key).lower()), _key("metadata.annotations", key), _LABEL_KEY_MSG)
+        errs.check_key(is_label_key(str(key).lower()), _key("metadata.annotations", key), LABEL_KEY_MSG)
     refs = _as_list(meta.get("ownerReferences"), "metadata.ownerReferences", errs)
     for i, ref in enumerate(refs):
         for field in ("apiVersion", "kind", "name", "uid"):
@@ -249,7 +186,7 @@ def _check_requirement(req: Any, path: str, errs: _Errors, *, by_field: bool) ->
         errs.check(op in ("In", "NotIn"), f"{path}.operator", "must be In or NotIn in matchFields", op)
         errs.check(len(values) == 1, f"{path}.values", "must hold one node name in matchFields", values)
     else:
-        errs.check(is_label_key(key), f"{path}.key", _LABEL_KEY_MSG, key)
+        errs.check(is_label_key(key), f"{path}.key", LABEL_KEY_MSG, key)
         if op not in NODE_SELECTOR_OPERATORS:
             errs.add(f"{path}.operator", f"must be one of {', '.join(NODE_SELECTOR_OPERATORS)}, got {op!r}")
         elif op in ("In", "NotIn") and not values:
@@ -260,7 +197,7 @@ def _check_requirement(req: Any, path: str, errs: _Errors, *, by_field: bool) ->
             errs.add(f"{path}.values", f"must hold exactly one value when operator is {op}")
     for j, value in enumerate(values):
         ok = is_node_name(value) if by_field else is_label_value(value)
-        errs.check(ok, f"{path}.values[{j}]", _NODE_NAME_MSG if by_field else _LABEL_VALUE_MSG, value)
+        errs.check(ok, f"{path}.values[{j}]", NODE_NAME_MSG if by_field else LABEL_VALUE_MSG, value)
 
 
 def _check_node_selector(selector: Any, path: str, errs: _Errors, *, one_term: bool) -> None:
@@ -287,7 +224,7 @@ def _check_node_selection(obj: Mapping[str, Any], path: str, errs: _Errors, *, s
         errs.add(f"{path}.nodeName", "must be unset or a non-empty node name")
     elif name is not None:
         chosen.append("nodeName")
-        errs.check(is_node_name(name), f"{path}.nodeName", _NODE_NAME_MSG, name)
+        errs.check(is_node_name(name), f"{path}.nodeName", NODE_NAME_MSG, name)
     if obj.get("nodeSelector") is not None:
         chosen.append("nodeSelector")
         _check_node_selector(obj["nodeSelector"], f"{path}.nodeSelector", errs, one_term=slice_level)
@@ -316,7 +253,7 @@ def _check_attribute_value(kind: str, value: Any, path: str, errs: _Errors) -> N
         errs.add(path, f"must be a string, got {_show(value)}")
     else:
         if kind == "version":
-            errs.check(is_semver(value), path, _SEMVER_MSG, value)
+            errs.check(is_semver(value), path, SEMVER_MSG, value)
         if (size := len(value.encode())) > MAX_STRING_ATTRIBUTE_BYTES:
             errs.add(path, f"must be at most {MAX_STRING_ATTRIBUTE_BYTES} bytes of UTF-8, got {size} bytes")
 
@@ -433,7 +370,7 @@ def _check_counters(counters: Any, path: str, errs: _Errors) -> None:
         errs.add(path, f"must have at most {MAX_COUNTERS} counters, got {len(counter_map)}")
     else:
         for key, counter in counter_map.items():
-            errs.check_key(is_dns_label(key), _key(path, key), f"counter name {_DNS_LABEL_MSG}")
+            errs.check_key(is_dns_label(key), _key(path, key), f"counter name {DNS_LABEL_MSG}")
             _quantity(_get(counter, "value"), f"{_key(path, key)}.value", errs)
 
 
@@ -441,9 +378,9 @@ def _check_taint(taint: Any, path: str, errs: _Errors) -> None:
     """T1-T4."""
     taint_map = _as_map(taint, path, errs)
     key, value, effect = taint_map.get("key"), taint_map.get("value"), taint_map.get("effect")
-    errs.check(is_label_key(key), f"{path}.key", f"is required and {_LABEL_KEY_MSG}", key)
+    errs.check(is_label_key(key), f"{path}.key", f"is required and {LABEL_KEY_MSG}", key)
     if value is not None and value != "":
-        errs.check(is_label_value(value), f"{path}.value", _LABEL_VALUE_MSG, value)
+        errs.check(is_label_value(value), f"{path}.value", LABEL_VALUE_MSG, value)
     effects = ", ".join(TAINT_EFFECTS)
     errs.check(effect in TAINT_EFFECTS, f"{path}.effect", f"is required and must be one of {effects}", effect)
     added = taint_map.get("timeAdded")
@@ -461,7 +398,7 @@ def _check_binding_conditions(device: Mapping[str, Any], path: str, errs: _Error
             errs.add(f"{path}.{field}", f"must have at most {MAX_BINDING_CONDITIONS} entries, got {count}")
             continue
         for i, item in enumerate(items):
-            errs.check(is_label_key(item), f"{path}.{field}[{i}]", _LABEL_KEY_MSG, item)
+            errs.check(is_label_key(item), f"{path}.{field}[{i}]", LABEL_KEY_MSG, item)
             if item in items[:i]:
                 errs.add(f"{path}.{field}[{i}]", f"duplicate entry {_show(item)}")
     conditions, failures = lists["bindingConditions"], lists["bindingFailureConditions"]
@@ -480,7 +417,7 @@ def _check_consumes_counters(entries: Sequence[Any], path: str, errs: _Errors) -
         return
     for i, entry in enumerate(entries):
         counter_set = _get(entry, "counterSet")
-        errs.check(is_dns_label(counter_set), f"{path}[{i}].counterSet", f"is required and {_DNS_LABEL_MSG}",
+        errs.check(is_dns_label(counter_set), f"{path}[{i}].counterSet", f"is required and {DNS_LABEL_MSG}",
                    counter_set)  # fmt: skip
         if any(_get(other, "counterSet") == counter_set for other in entries[:i]):
             errs.add(f"{path}[{i}].counterSet", f"duplicate counter set {_show(counter_set)} in this device")
@@ -490,7 +427,7 @@ def _check_consumes_counters(entries: Sequence[Any], path: str, errs: _Errors) -
 def _check_device(device: Any, path: str, per_device_node_selection: bool, errs: _Errors) -> None:
     dev = _as_map(device, path, errs)
     name = dev.get("name")
-    errs.check(is_dns_label(name), f"{path}.name", f"is required and {_DNS_LABEL_MSG}", name)
+    errs.check(is_dns_label(name), f"{path}.name", f"is required and {DNS_LABEL_MSG}", name)
     attributes = _as_map(dev.get("attributes"), f"{path}.attributes", errs)
     capacities = _as_map(dev.get("capacity"), f"{path}.capacity", errs)
     if (count := len(attributes) + len(capacities)) > MAX_ATTRIBUTES_AND_CAPACITIES:
@@ -499,10 +436,10 @@ def _check_device(device: Any, path: str, per_device_node_selection: bool, errs:
     if (values := _attribute_value_count(attributes)) > MAX_ATTRIBUTE_VALUES:
         errs.add(path, f"has {values} attribute values, at most {MAX_ATTRIBUTE_VALUES} allowed")
     for key, attribute in attributes.items():
-        errs.check_key(is_qualified_name(key), _key(f"{path}.attributes", key), _QUALIFIED_MSG)
+        errs.check_key(is_qualified_name(key), _key(f"{path}.attributes", key), QUALIFIED_MSG)
         _check_attribute(attribute, _key(f"{path}.attributes", key), errs)
     for key, capacity in capacities.items():
-        errs.check_key(is_qualified_name(key), _key(f"{path}.capacity", key), _QUALIFIED_MSG)
+        errs.check_key(is_qualified_name(key), _key(f"{path}.capacity", key), QUALIFIED_MSG)
         multi = dev.get("allowMultipleAllocations") is True
         _check_capacity(capacity, _key(f"{path}.capacity", key), multi, errs)
     taints = _as_list(dev.get("taints"), f"{path}.taints", errs)
@@ -571,7 +508,7 @@ def _check_named_list(
 def _check_counter_set(counter_set: Any, path: str, errs: _Errors) -> None:
     """C1."""
     name = _get(_as_map(counter_set, path, errs), "name")
-    errs.check(is_dns_label(name), f"{path}.name", f"is required and {_DNS_LABEL_MSG}", name)
+    errs.check(is_dns_label(name), f"{path}.name", f"is required and {DNS_LABEL_MSG}", name)
     _check_counters(_get(counter_set, "counters"), f"{path}.counters", errs)
 
 
@@ -589,7 +526,7 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
         return errs
     spec = _as_map(obj["spec"], "spec", errs)
     driver = spec.get("driver")
-    errs.check(is_driver_name(driver), "spec.driver", f"is required and {_DRIVER_MSG}", driver)
+    errs.check(is_driver_name(driver), "spec.driver", f"is required and {DRIVER_MSG}", driver)
     _check_pool_fields(_as_map(spec.get("pool"), "spec.pool", errs), errs)
     _check_node_selection(spec, "spec", errs, slice_level=True)
     if spec.get("devices") is not None and spec.get("sharedCounters") is not None:

@@ -37,6 +37,7 @@ __all__ = [
     "PrepareError",
     "Prepared",
     "Version",
+    "is_semver",
 ]
 
 DeviceName = NewType("DeviceName", str)
@@ -49,6 +50,11 @@ _SEMVER = re.compile(
 )
 
 
+def is_semver(text: str) -> bool:
+    """Whether `text` is strict semantic versioning 2.0.0 (MAJOR.MINOR.PATCH[-pre][+build])."""
+    return _SEMVER.fullmatch(text) is not None
+
+
 @dataclass(frozen=True, order=True)
 class Version:
     """A version attribute value; always valid strict semver."""
@@ -56,7 +62,7 @@ class Version:
     text: str
 
     def __post_init__(self) -> None:
-        if len(self.text) > 64 or not _SEMVER.fullmatch(self.text):
+        if len(self.text) > 64 or not is_semver(self.text):
             raise ValueError(f"{self.text!r} is not a strict semantic version (MAJOR.MINOR.PATCH)")
 
     @classmethod

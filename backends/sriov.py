@@ -8,7 +8,7 @@ and the standard topology attributes, so a claim can pair it with a GPU on the s
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import os
 
 from backends.base import BuiltinBackend
 from backends.contract import AttributeValue, Device, Inventory
@@ -37,7 +37,7 @@ class SriovNicBackend(BuiltinBackend):
         except SysfsError as e:
             return Inventory(warnings=(str(e),))
         for bus_id in bus_ids:
-            folder = self.ctx.topology.device_dir(bus_id)
+            folder = str(self.ctx.topology.device_dir(bus_id))
             try:
                 if not _is_physical_function(folder):
                     continue
@@ -46,10 +46,10 @@ class SriovNicBackend(BuiltinBackend):
                 warnings.append(f"NIC {bus_id}: {e}; its VFs are left out")
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
-    def _virtual_functions(self, pf_bus_id: str, pf: Path, warnings: list[str]) -> list[Device]:
-        pf_netdevs = list_dir(pf / "net")
+    def _virtual_functions(self, pf_bus_id: str, pf: str, warnings: list[str]) -> list[Device]:
+        pf_netdevs = list_dir(f"{pf}/net")
         pf_name = pf_netdevs[0] if pf_netdevs else None
-        speed = read_int(pf / "net" / pf_name / "speed") if pf_name else None
+        speed = read_int(f"{pf}/net/{pf_name}/speed") if pf_name else None
         links = sorted(
             (int(entry.removeprefix("virtfn")), entry)
             for entry in list_dir(pf)
@@ -57,17 +57,17 @@ class SriovNicBackend(BuiltinBackend):
         )
         devices: list[Device] = []
         for index, link in links:
-            vf_bus_id = read_link_name(pf / link)
+            vf_bus_id = read_link_name(f"{pf}/{link}")
             if vf_bus_id is None:
                 continue
             topology = self.ctx.topology.lookup(vf_bus_id)
             warnings.extend(topology.problems)
-            vf = self.ctx.topology.device_dir(vf_bus_id)
+            vf = os.path.dirname(pf) + "/" + vf_bus_id
             attrs: dict[str, AttributeValue] = {
                 "type": "vf",
                 "pfPciBusID": pf_bus_id,
                 "vfIndex": index,
-                "rdma": bool(list_dir(vf / "infiniband")),
+                "rdma": bool(list_dir(f"{vf}/infiniband")),
             }
             if pf_name:
                 attrs["pfName"] = pf_name
@@ -76,7 +76,7 @@ class SriovNicBackend(BuiltinBackend):
                 attrs["deviceID"] = f"{topology.device_id:04x}"
             if topology.driver:
                 attrs["driver"] = topology.driver
-            netdevs = list_dir(vf / "net")
+            netdevs = list_dir(f"{vf}/net")
             if netdevs:
                 attrs["netdev"] = netdevs[0]
             if speed is not None and speed > 0:
@@ -85,9 +85,9 @@ class SriovNicBackend(BuiltinBackend):
         return devices
 
 
-def _is_physical_function(folder: Path) -> bool:
-    total = read_int(folder / "sriov_totalvfs")
+def _is_physical_function(folder: str) -> bool:
+    total = read_int(f"{folder}/sriov_totalvfs")
     if not total:
         return False
-    cls = read_hex(folder / "class")
+    cls = read_hex(f"{folder}/class")
     return cls is not None and cls >> 16 == _NETWORK_CLASS

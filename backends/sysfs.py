@@ -16,18 +16,23 @@ class SysfsError(Exception):
     """A sysfs file exists but cannot be read or does not hold what it should."""
 
 
-def read_attr(path: Path) -> str | None:
+def read_attr(path: str | Path) -> str | None:
     """The stripped text of a sysfs attribute, or None when it does not exist."""
+    # os.open/os.read rather than open(): sysfs files are tiny and a node may have thousands of them.
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError as e:
         if e.errno in _ABSENT:
             return None
         raise SysfsError(f"cannot read {path}: {e.strerror or e}") from e
+    return data.decode("ascii", errors="replace").strip()
 
 
-def read_int(path: Path) -> int | None:
+def read_int(path: str | Path) -> int | None:
     """A decimal integer attribute (e.g. numa_node, sriov_numvfs), or None when absent."""
     text = read_attr(path)
     if text is None:
@@ -38,7 +43,7 @@ def read_int(path: Path) -> int | None:
         raise SysfsError(f"{path} holds {text!r}, expected a decimal integer") from None
 
 
-def read_hex(path: Path) -> int | None:
+def read_hex(path: str | Path) -> int | None:
     """A hexadecimal attribute such as vendor ('0x10de') or class ('0x030200'), or None when absent."""
     text = read_attr(path)
     if text is None:
@@ -49,7 +54,7 @@ def read_hex(path: Path) -> int | None:
         raise SysfsError(f"{path} holds {text!r}, expected a hexadecimal number") from None
 
 
-def read_link_name(path: Path) -> str | None:
+def read_link_name(path: str | Path) -> str | None:
     """The last component of a symlink's target (a driver or IOMMU group link), or None when absent."""
     try:
         return os.path.basename(os.readlink(path))
@@ -69,7 +74,7 @@ def list_pci_devices(sysfs_root: Path) -> list[str]:
         raise SysfsError(f"cannot list {sysfs_root / 'bus/pci/devices'}: {e.strerror or e}") from e
 
 
-def list_dir(path: Path) -> list[str]:
+def list_dir(path: str | Path) -> list[str]:
     """Sorted entries of a sysfs directory, or an empty list when it does not exist."""
     try:
         return sorted(os.listdir(path))

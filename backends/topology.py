@@ -96,6 +96,11 @@ class TopologyReader:
 
     def __init__(self, sysfs_root: Path) -> None:
         self.sysfs_root = sysfs_root
+        # Paths are built as strings here: lookups run for every device, and pathlib's joins cost more
+        # than the file reads they lead to.
+        self._devices = os.path.join(sysfs_root, "bus", "pci", "devices")
+        # A bridge's port type is fixed by its silicon; cache it, since every device below reads it.
+        self._port_types: dict[tuple[str, ...], int | None] = {}
 
     def device_dir(self, bus_id: str) -> Path:
         """The `bus/pci/devices/<BDF>` entry of a device."""
@@ -105,7 +110,7 @@ class TopologyReader:
         """Components of the device's path under `devices/`: root complex, bridges, then the device."""
         if not is_bus_id(bus_id):
             raise TopologyError(f"{bus_id!r} is not a PCI bus id of the form 0000:3b:00.0")
-        link = self.device_dir(bus_id)
+        link = f"{self._devices}/{bus_id}"
         try:
             target = os.readlink(link)
         except FileNotFoundError:
@@ -131,10 +136,16 @@ class TopologyReader:
 
     def pcie_switch(self, bus_id: str) -> str | None:
         """The upstream port of the closest PCIe switch above the device, or None below a bare root port."""
-        path = self.device_path(bus_id)
+        return self._switch(self.device_path(bus_id))
+
+    def _port_type(self, bridge: tuple[str, ...]) -> int | None:
+        if bridge not in self._port_types:
+            self._port_types[bridge] = _port_type(os.path.join(self.sysfs_root, "devices", *bridge, "config"))
+        return self._port_types[bridge]
+
+    def _switch(self, path: tuple[str, ...]) -> str | None:
         bridges = path[1:-1]
-        base = self.sysfs_root / "devices"
-        port_types = [_port_type(base.joinpath(*path[: i + 2]) / "config") for i in range(len(bridges))]
+        port_types = [self._port_type(path[: i + 2]) for i in range(len(bridges))]
         if bridges and all(t is not None for t in port_types):
             upstream = [b for b, t in zip(bridges, port_types, strict=True) if t == _PORT_UPSTREAM]
             return upstream[-1] if upstream else None
@@ -145,7 +156,7 @@ class TopologyReader:
     def lookup(self, bus_id: str) -> PciTopology:
         """Everything known about a device; facts that cannot be read are left unknown and listed in problems."""
         problems: list[str] = []
-        path = self.device_dir(bus_id)
+        path = f"{self._devices}/{bus_id}"
 
         def attempt(what: str, read: Callable[[], _T]) -> _T | None:
             try:
@@ -154,31 +165,37 @@ class TopologyReader:
                 problems.append(f"{bus_id}: {what}: {e}")
                 return None
 
-        root = attempt("pcieRoot", lambda: self.pcie_root(bus_id))
-        switch = attempt("pcieSwitch", lambda: self.pcie_switch(bus_id)) if root else None
-        numa = attempt("numa_node", lambda: read_int(path / "numa_node"))
-        group = attempt("iommu_group", lambda: read_link_name(path / "iommu_group"))
+        device_path = attempt("pcieRoot", lambda: self.device_path(bus_id))
+        root = device_path[0] if device_path else None
+        switch = self._switch(device_path) if device_path else None
+        numa = attempt("numa_node", lambda: read_int(f"{path}/numa_node"))
+        group = attempt("iommu_group", lambda: read_link_name(f"{path}/iommu_group"))
         return PciTopology(
             bus_id=bus_id,
             pcie_root=root,
             pcie_switch=switch,
             numa_node=numa if numa is not None and numa >= 0 else -1,
             iommu_group=int(group) if group is not None and group.isdigit() else None,
-            vendor_id=attempt("vendor", lambda: read_hex(path / "vendor")),
-            device_id=attempt("device", lambda: read_hex(path / "device")),
-            class_code=attempt("class", lambda: read_hex(path / "class")),
-            driver=attempt("driver", lambda: read_link_name(path / "driver")),
+            vendor_id=attempt("vendor", lambda: read_hex(f"{path}/vendor")),
+            device_id=attempt("device", lambda: read_hex(f"{path}/device")),
+            class_code=attempt("class", lambda: read_hex(f"{path}/class")),
+            driver=attempt("driver", lambda: read_link_name(f"{path}/driver")),
             problems=tuple(problems),
         )
 
 
-def _port_type(config: Path) -> int | None:
+def _port_type(config: str) -> int | None:
     """The PCIe port type from a bridge's config space, or None when it cannot be read."""
     try:
-        with open(config, "rb") as f:
-            space = f.read(256)
+        fd = os.open(config, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        space = os.read(fd, 256)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if len(space) < 0x40 or not space[0x06] & 0x10:  # status register: capability list present
         return None
     pointer, seen = space[0x34] & 0xFC, 0

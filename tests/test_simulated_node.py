@@ -129,3 +129,21 @@ def test_overlapping_mig_instances_are_refused(scratch: Path) -> None:
     )
     with pytest.raises(ProfileError, match=r"cannot create MIG instance 1g\.10gb at 2"):
         SimulatedNode.build(spec, scratch / "node")
+
+
+def test_kept_node_is_reused_with_its_changes(scratch: Path) -> None:
+    from backends.simulation.node import simulated_node
+
+    root = scratch / "kept"
+    with simulated_node("gke-g2-l4", root) as node:
+        override = node.sysfs / "bus/pci/devices" / node.plan.gpus[0].bus_id / "driver_override"
+        override.write_text("vfio-pci\n")
+    with simulated_node("gke-g2-l4", root) as again:
+        assert again.plan == node.plan
+        assert override.read_text() == "vfio-pci\n", "a kept node keeps what was changed in its sysfs"
+    with pytest.raises(ProfileError, match="another profile"), simulated_node("gke-n1-t4x2", root):
+        pass
+    (scratch / "junk").mkdir()
+    (scratch / "junk" / "file").write_text("x")
+    with pytest.raises(ProfileError, match="not empty"), simulated_node("gke-g2-l4", scratch / "junk"):
+        pass

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent import slice_rules as rules
-from agent.slice_rules import (
+from agent.api_names import (
     is_c_identifier,
     is_dns_label,
     is_dns_subdomain,
@@ -26,6 +26,8 @@ from agent.slice_rules import (
     is_node_name,
     is_qualified_name,
     is_semver,
+)
+from agent.slice_rules import (
     validate_device,
     validate_pool,
     validate_resource_slice,

@@ -41,33 +41,63 @@ class SimulatedNode:
         """Lay the profile out, write its trees under `root` and create its NVML state (not yet installed)."""
         plan = plan_node(profile)
         write_tree(plan, root / "sys", root / "dev")
-        gpus = [
-            SimGpu(
-                model=GPU_MODELS[g.spec.model],
-                bus_id=g.bus_id,
-                uuid=g.uuid,
-                minor=g.minor,
-                numa_node=g.numa_node,
-                serial=f"{1650000000000 + g.minor:013d}",
-                mig_enabled=bool(g.spec.mig and g.spec.mig.enabled),
-                faults=dict(g.spec.faults),
-            )
-            for g in plan.gpus
-        ]
-        nvml = SimulatedNvml(
-            gpus,
-            driver_version=profile.nvidia.driver_version,
-            cuda_driver_version=profile.nvidia.cuda_driver_version,
+        return cls(profile, plan, root, _nvml(plan))
+
+    @classmethod
+    def open(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
+        """The node kept at `root`: built there by an earlier run from the same profile, or built now.
+
+        A kept node survives agent restarts, with whatever the agent changed in its sysfs, like real hardware.
+        A folder holding a node of another profile, or anything else, is refused rather than overwritten.
+        """
+        marker = root / _MARKER
+        fingerprint = profile.model_dump_json()
+        if marker.exists():
+            if marker.read_text() != fingerprint:
+                raise ProfileError(f"{root} holds a simulated node of another profile; use an empty folder")
+            plan = plan_node(profile)
+            return cls(profile, plan, root, _nvml(plan))
+        if root.exists() and any(root.iterdir()):
+            raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")
+        root.mkdir(parents=True, exist_ok=True)
+        node = cls.build(profile, root)
+        marker.write_text(fingerprint)
+        return node
+
+
+_MARKER = ".dra-agent-simulated-node.json"
+
+
+def _nvml(plan: NodePlan) -> SimulatedNvml:
+    """The simulated NVIDIA driver of a node: its GPUs and their MIG instances from the profile."""
+    profile = plan.profile
+    gpus = [
+        SimGpu(
+            model=GPU_MODELS[g.spec.model],
+            bus_id=g.bus_id,
+            uuid=g.uuid,
+            minor=g.minor,
+            numa_node=g.numa_node,
+            serial=f"{1650000000000 + g.minor:013d}",
+            mig_enabled=bool(g.spec.mig and g.spec.mig.enabled),
+            faults=dict(g.spec.faults),
         )
-        for g in plan.gpus:
-            for inst in g.spec.mig.instances if g.spec.mig else []:
-                try:
-                    nvml.create_instance(g.minor, inst.profile, inst.start)
-                except Exception as e:
-                    raise ProfileError(
-                        f"GPU {g.bus_id}: cannot create MIG instance {inst.profile} at {inst.start}: {e}"
-                    ) from None
-        return cls(profile, plan, root, nvml)
+        for g in plan.gpus
+    ]
+    nvml = SimulatedNvml(
+        gpus,
+        driver_version=profile.nvidia.driver_version,
+        cuda_driver_version=profile.nvidia.cuda_driver_version,
+    )
+    for g in plan.gpus:
+        for inst in g.spec.mig.instances if g.spec.mig else []:
+            try:
+                nvml.create_instance(g.minor, inst.profile, inst.start)
+            except Exception as e:
+                raise ProfileError(
+                    f"GPU {g.bus_id}: cannot create MIG instance {inst.profile} at {inst.start}: {e}"
+                ) from None
+    return nvml
 
 
 def _memory_dir() -> str | None:
@@ -81,14 +111,21 @@ def _memory_dir() -> str | None:
 
 @contextmanager
 def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iterator[SimulatedNode]:
-    """Build a node from a profile (name, path or object), install its NVML, and tear both down afterwards."""
+    """A node from a profile (name, path or object) with its NVML installed for the duration of the block.
+
+    Without `root` the node lives in a temporary folder removed afterwards; with `root` it is kept there
+    (see `SimulatedNode.open`).
+    """
     spec = load_profile(profile) if isinstance(profile, str) else profile
-    owned = root is None
-    base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir())) if root is None else root
+    if root is not None:
+        node = SimulatedNode.open(spec, root)
+        with node.nvml:
+            yield node
+        return
+    base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir()))
     try:
         node = SimulatedNode.build(spec, base)
         with node.nvml:
             yield node
     finally:
-        if owned:
-            shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)

@@ -14,8 +14,6 @@ from backends.simulation.layout import GpuPlan, NicPlan, NodePlan, PciFunction, 
 
 __all__ = ["config_space", "write_tree"]
 
-_SUBSYSTEM_VENDOR = 0x10DE
-
 
 def write_tree(plan: NodePlan, sysfs_root: Path, dev_root: Path) -> None:
     """Create the sysfs tree under `sysfs_root` and device nodes under `dev_root` (both may exist, empty)."""
@@ -67,22 +65,13 @@ def write_function(sysfs: str, fn: PciFunction) -> None:
     os.makedirs(folder, exist_ok=True)
     depth = len(fn.path) + 1  # levels from the function's folder up to the sysfs root
     up = "../" * depth
+    # The attributes the agent and the kernel-side emulation use; real sysfs has more.
     attrs = {
         "vendor": f"0x{fn.vendor_id:04x}",
         "device": f"0x{fn.device_id:04x}",
-        "subsystem_vendor": f"0x{_SUBSYSTEM_VENDOR if fn.vendor_id == 0x10DE else fn.vendor_id:04x}",
-        "subsystem_device": f"0x{fn.device_id:04x}",
         "class": f"0x{fn.class_code:06x}",
-        "revision": "0xa1",
         "numa_node": str(fn.numa_node),
-        "local_cpulist": f"{fn.numa_node * 56}-{fn.numa_node * 56 + 55}" if fn.numa_node >= 0 else "0-111",
-        "enable": "1",
         "driver_override": "(null)",
-        "uevent": (
-            (f"DRIVER={fn.driver}\n" if fn.driver else "")
-            + f"PCI_CLASS={fn.class_code:X}\nPCI_ID={fn.vendor_id:04X}:{fn.device_id:04X}\n"
-            + f"PCI_SLOT_NAME={fn.bus_id}"
-        ),
     }
     for name, text in attrs.items():
         _write(f"{folder}/{name}", text + "\n")
@@ -161,8 +150,6 @@ def write_netdev(sysfs: str, fn: PciFunction, name: str, speed: int, up: bool) -
         "carrier": "1" if up else "0",
         "speed": str(speed) if up else "-1",
         "address": ":".join(f"{b:02x}" for b in (0x02, *mac.to_bytes(5, "big"))),
-        "mtu": "1500",
-        "type": "1",
     }
     for attr, text in attrs.items():
         _write(f"{folder}/{attr}", text + "\n")
@@ -174,11 +161,9 @@ def write_rdma(sysfs: str, dev: str, fn: PciFunction, index: int) -> None:
     folder = function_dir(sysfs, fn)
     ib = f"{folder}/infiniband/mlx5_{index}"
     os.makedirs(ib, exist_ok=True)
-    _write(f"{ib}/node_type", "1: CA\n")
     verbs = f"{folder}/infiniband_verbs/uverbs{index}"
     os.makedirs(verbs, exist_ok=True)
     _write(f"{verbs}/dev", f"231:{192 + index}\n")
-    _write(f"{verbs}/ibdev", f"mlx5_{index}\n")
     base = "../../devices/" + "/".join(fn.path)
     _link(f"{sysfs}/class/infiniband/mlx5_{index}", f"{base}/infiniband/mlx5_{index}")
     _link(f"{sysfs}/class/infiniband_verbs/uverbs{index}", f"{base}/infiniband_verbs/uverbs{index}")

@@ -1,0 +1,112 @@
+"""Name and value formats of the Kubernetes API that ResourceSlices use: DNS labels and subdomains, label keys
+and values, driver names, qualified attribute names, semantic versions.
+
+Predicates accept any object, so raw JSON values can be passed; the messages say what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from backends.contract import is_semver as _backend_semver
+
+__all__ = [
+    "DNS_LABEL_MSG",
+    "DRIVER_MSG",
+    "LABEL_KEY_MSG",
+    "LABEL_VALUE_MSG",
+    "MAX_DRIVER_NAME_LENGTH",
+    "MAX_ID_LENGTH",
+    "NODE_NAME_MSG",
+    "QUALIFIED_MSG",
+    "SEMVER_MSG",
+    "SUBDOMAIN_MSG",
+    "is_c_identifier",
+    "is_dns_label",
+    "is_dns_subdomain",
+    "is_driver_name",
+    "is_label_key",
+    "is_label_value",
+    "is_node_name",
+    "is_qualified_name",
+    "is_semver",
+]
+
+MAX_ID_LENGTH = 32
+MAX_DRIVER_NAME_LENGTH = 63
+
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL_RE = re.compile(_LABEL)
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_C_IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_NAME_RE = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+DNS_LABEL_MSG = "must be a DNS label: 1-63 lower-case letters, digits or '-', alphanumeric at both ends"
+SUBDOMAIN_MSG = "must be a DNS subdomain: at most 253 lower-case letters, digits, '-' or '.'"
+DRIVER_MSG = "must be at most 63 characters that, lower-cased, form a DNS subdomain (e.g. gpu.example.com)"
+NODE_NAME_MSG = "must be a node name (a DNS subdomain of at most 253 characters)"
+QUALIFIED_MSG = (
+    "must be a C identifier of at most 32 characters, optionally prefixed by a DNS subdomain and '/'"
+)
+LABEL_KEY_MSG = "must be a label key: [DNS subdomain '/'] name of 1-63 letters, digits, '-', '_', '.'"
+LABEL_VALUE_MSG = "must be empty or 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends"
+SEMVER_MSG = "must be semver 2.0.0: three numeric parts, no 'v', e.g. 1.2.3 or 1.2.3-rc.1+build.5"
+
+
+def is_dns_label(s: object) -> bool:
+    """RFC 1123 label: at most 63 lower-case alphanumerics or '-', alphanumeric at both ends."""
+    return isinstance(s, str) and len(s) <= 63 and _DNS_LABEL_RE.fullmatch(s) is not None
+
+
+def is_dns_subdomain(s: object) -> bool:
+    """RFC 1123 subdomain: at most 253 characters of dot-separated DNS labels."""
+    return isinstance(s, str) and len(s) <= 253 and _DNS_SUBDOMAIN_RE.fullmatch(s) is not None
+
+
+def is_c_identifier(s: object) -> bool:
+    """C identifier: a letter or '_', then letters, digits or '_' (no length limit)."""
+    return isinstance(s, str) and _C_IDENTIFIER_RE.fullmatch(s) is not None
+
+
+def is_label_key(s: object) -> bool:
+    """Label key: optional DNS-subdomain prefix and '/', then a name of 1-63 characters."""
+    if not isinstance(s, str) or s.count("/") > 1:
+        return False
+    prefix, slash, name = s.rpartition("/")
+    if slash and not is_dns_subdomain(prefix):
+        return False
+    return len(name) <= 63 and _LABEL_NAME_RE.fullmatch(name) is not None
+
+
+def is_label_value(s: object) -> bool:
+    """Label value: empty, or at most 63 characters in the label-name format."""
+    return isinstance(s, str) and (s == "" or (len(s) <= 63 and _LABEL_NAME_RE.fullmatch(s) is not None))
+
+
+def is_driver_name(s: object) -> bool:
+    """Driver name (ValidateCSIDriverName): 1-63 bytes whose lower-cased form is a DNS subdomain."""
+    if not isinstance(s, str) or not 0 < len(s.encode()) <= MAX_DRIVER_NAME_LENGTH:
+        return False
+    # Go lower-cases with the simple case mapping, which turns U+0130 into a plain 'i';
+    # Python's full mapping would add a combining dot.
+    return is_dns_subdomain(s.replace("\u0130", "i").lower())
+
+
+def is_qualified_name(s: object) -> bool:
+    """Attribute or capacity key: ``ID`` or ``DOMAIN/ID`` (Q1-Q5)."""
+    if not isinstance(s, str) or s.count("/") > 1:
+        return False
+    domain, slash, ident = s.rpartition("/")
+    if slash and not is_driver_name(domain):
+        return False
+    return len(ident) <= MAX_ID_LENGTH and is_c_identifier(ident)
+
+
+def is_semver(s: object) -> bool:
+    """Strict semantic version 2.0.0, as checked for version attributes (V4)."""
+    return isinstance(s, str) and _backend_semver(s)
+
+
+def is_node_name(s: object) -> bool:
+    """Node name: a DNS subdomain."""
+    return is_dns_subdomain(s)
