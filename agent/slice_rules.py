@@ -62,6 +62,8 @@ _RFC3339_RE = re.compile(
 )
 
 _LIST_FIELDS = {"int": "ints", "bool": "bools", "string": "strings", "version": "versions"}
+_SCALAR_OF = {plural: scalar for scalar, plural in _LIST_FIELDS.items()}
+_VALUE_FIELDS = frozenset(_LIST_FIELDS) | frozenset(_SCALAR_OF)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -261,26 +263,30 @@ def _check_attribute_value(kind: str, value: Any, path: str, errs: _Errors) -> N
 def _check_attribute(attribute: Any, path: str, errs: _Errors) -> None:
     """V1-V5."""
     attr = _as_map(attribute, path, errs)
-    present = [f for f in (*_LIST_FIELDS, *_LIST_FIELDS.values()) if attr.get(f) is not None]
+    # Iterate the attribute's own keys (usually one) rather than all eight value fields: this runs for
+    # every attribute of every device published.
+    present = [f for f, v in attr.items() if v is not None and f in _VALUE_FIELDS]
     if len(present) != 1:
         errs.add(path, "exactly one value must be specified: int, bool, string, version (or a list: ints, "
                  f"bools, strings, versions), got {', '.join(present) or 'none'}")  # fmt: skip
-    for scalar, plural in _LIST_FIELDS.items():
-        if attr.get(scalar) is not None:
-            _check_attribute_value(scalar, attr[scalar], f"{path}.{scalar}", errs)
-        if attr.get(plural) is not None:
-            items = _as_list(attr[plural], f"{path}.{plural}", errs)
-            if not items:
-                errs.add(f"{path}.{plural}", "must not be empty when set")
-            for i, item in enumerate(items):
-                _check_attribute_value(scalar, item, f"{path}.{plural}[{i}]", errs)
+    for field in present:
+        scalar = _SCALAR_OF.get(field)
+        if scalar is None:
+            _check_attribute_value(field, attr[field], f"{path}.{field}", errs)
+            continue
+        items = _as_list(attr[field], f"{path}.{field}", errs)
+        if not items:
+            errs.add(f"{path}.{field}", "must not be empty when set")
+        for i, item in enumerate(items):
+            _check_attribute_value(scalar, item, f"{path}.{field}[{i}]", errs)
 
 
 def _attribute_value_count(attributes: Mapping[str, Any]) -> int:
     """D3: a scalar counts once, a list counts its length."""
     total = 0
     for attr in attributes.values():
-        sizes = [len(v) for f in _LIST_FIELDS.values() if isinstance(v := _get(attr, f), list | tuple)]
+        items = attr.items() if isinstance(attr, Mapping) else ()
+        sizes = [len(v) for f, v in items if f in _SCALAR_OF and isinstance(v, list | tuple)]
         total += sum(sizes) if any(sizes) else 1
     return total
 
