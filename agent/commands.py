@@ -61,13 +61,20 @@ async def _survey(settings: Settings, host: Host) -> _Survey:
     return _Survey(node, found, loaded, failures, start_errors, reports)
 
 
-async def discover_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
-    """Print the ResourceSlices the agent would publish for this node."""
+async def _survey_node(settings: Settings, err: TextIO) -> _Survey | None:
+    """Survey the real or simulated node; None (after saying why) when it cannot be opened."""
     try:
         with open_host(settings) as host:
-            survey = await _survey(settings, host)
+            return await _survey(settings, host)
     except (ProfileError, NodeNameError) as e:
         print(f"dra-agent: {e}", file=err)
+        return None
+
+
+async def discover_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
+    """Print the ResourceSlices the agent would publish for this node."""
+    survey = await _survey_node(settings, err)
+    if survey is None:
         return EXIT_BAD_INPUT
     log = get_logger("discovery")
     slices: list[dict[str, Any]] = []
@@ -95,11 +102,8 @@ async def discover_command(settings: Settings, output: str, out: TextIO, err: Te
 
 async def backends_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """List installed backends with version, driver name and whether each found hardware."""
-    try:
-        with open_host(settings) as host:
-            survey = await _survey(settings, host)
-    except (ProfileError, NodeNameError) as e:
-        print(f"dra-agent: {e}", file=err)
+    survey = await _survey_node(settings, err)
+    if survey is None:
         return EXIT_BAD_INPUT
     reports = {r.name: r for r in survey.reports}
     loaded = {p.found.name: p for p in survey.loaded}

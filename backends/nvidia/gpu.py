@@ -6,16 +6,8 @@ import asyncio
 
 from backends.base import BuiltinBackend
 from backends.contract import Device, Inventory
-from backends.nvidia.attributes import gpu_attributes
-from backends.nvidia.nvml import (
-    GpuInfo,
-    NvmlError,
-    NvmlUnavailable,
-    SystemInfo,
-    list_gpus,
-    nvml_session,
-    system_info,
-)
+from backends.nvidia.common import gpu_attributes, read_nvml
+from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
 from backends.topology import device_name
 
 __all__ = ["NvidiaGpuBackend"]
@@ -31,15 +23,9 @@ class NvidiaGpuBackend(BuiltinBackend):
         return await asyncio.to_thread(self._discover)
 
     def _discover(self) -> Inventory:
-        try:
-            with nvml_session():
-                system = system_info()
-                gpus, problems = list_gpus()
-        except NvmlUnavailable as e:
-            self.ctx.log.debug("no NVIDIA driver on this host", reason=str(e))
-            return Inventory()
-        except NvmlError as e:
-            return Inventory(warnings=(f"NVML: {e}",))
+        return read_nvml(self.ctx.log, self._inventory)
+
+    def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         # GPUs whose MIG mode is unknown are reported here, not by nvidia-mig, so each fault shows once.
         warnings = [p.message for p in problems if not p.mig_enabled]
         devices: list[Device] = []

@@ -13,17 +13,8 @@ from typing import Literal
 from backends.base import BuiltinBackend
 from backends.config import BackendConfig
 from backends.contract import AttributeValue, Device, Inventory
-from backends.nvidia.attributes import gpu_attributes
-from backends.nvidia.nvml import (
-    MigInfo,
-    NvmlError,
-    NvmlUnavailable,
-    SystemInfo,
-    list_gpus,
-    list_mig_devices,
-    nvml_session,
-    system_info,
-)
+from backends.nvidia.common import gpu_attributes, read_nvml
+from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
 from backends.topology import PciTopology, device_name
 
 __all__ = ["NvidiaMigBackend", "mig_device_name"]
@@ -51,29 +42,22 @@ class NvidiaMigBackend(BuiltinBackend):
         return await asyncio.to_thread(self._discover)
 
     def _discover(self) -> Inventory:
-        try:
-            with nvml_session():
-                system = system_info()
-                gpus, problems = list_gpus()
-                warnings = [p.message for p in problems if p.mig_enabled]
-                devices: list[Device] = []
-                for gpu in gpus:
-                    if not gpu.mig_enabled:
-                        continue
-                    topology = self.ctx.topology.lookup(gpu.bus_id)
-                    warnings.extend(topology.problems)
-                    try:
-                        migs = list_mig_devices(gpu)
-                    except NvmlError as e:
-                        warnings.append(f"GPU {gpu.bus_id}: MIG devices left out: {e}")
-                        continue
-                    for mig in migs:
-                        devices.append(self._device(mig, system, topology, warnings))
-        except NvmlUnavailable as e:
-            self.ctx.log.debug("no NVIDIA driver on this host", reason=str(e))
-            return Inventory()
-        except NvmlError as e:
-            return Inventory(warnings=(f"NVML: {e}",))
+        return read_nvml(self.ctx.log, self._inventory)
+
+    def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
+        warnings = [p.message for p in problems if p.mig_enabled]
+        devices: list[Device] = []
+        for gpu in gpus:
+            if not gpu.mig_enabled:
+                continue
+            topology = self.ctx.topology.lookup(gpu.bus_id)
+            warnings.extend(topology.problems)
+            try:
+                migs = list_mig_devices(gpu)
+            except NvmlError as e:
+                warnings.append(f"GPU {gpu.bus_id}: MIG devices left out: {e}")
+                continue
+            devices.extend(self._device(mig, system, topology, warnings) for mig in migs)
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
     def _device(self, mig: MigInfo, system: SystemInfo, topology: PciTopology, warnings: list[str]) -> Device:

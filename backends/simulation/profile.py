@@ -7,12 +7,13 @@ See docs/simulated-node.md for the schema with examples.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.simulation.catalog import GPU_MODELS, NIC_MODELS, TPU_MODELS
 
@@ -55,19 +56,26 @@ class MigSpec(_Spec):
     instances: list[MigInstanceSpec] = []
 
 
+def _in_catalog(catalog: Mapping[str, object], kind: str) -> AfterValidator:
+    def check(name: str) -> str:
+        if name not in catalog:
+            raise ValueError(f"unknown {kind} model {name!r}; known: {', '.join(sorted(catalog))}")
+        return name
+
+    return AfterValidator(check)
+
+
+GpuModelName = Annotated[str, _in_catalog(GPU_MODELS, "GPU")]
+NicModelName = Annotated[str, _in_catalog(NIC_MODELS, "NIC")]
+TpuModelName = Annotated[str, _in_catalog(TPU_MODELS, "TPU")]
+
+
 class GpuSpec(_Spec):
-    model: str
+    model: GpuModelName
     uuid: str | None = None
     mig: MigSpec | None = None
     faults: dict[str, int] = {}
     """NVML C symbol → error code returned for this GPU, e.g. {nvmlDeviceGetMemoryInfo: 15}."""
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str) -> str:
-        if v not in GPU_MODELS:
-            raise ValueError(f"unknown GPU model {v!r}; known: {', '.join(sorted(GPU_MODELS))}")
-        return v
 
     @model_validator(mode="after")
     def _mig_capable(self) -> GpuSpec:
@@ -93,18 +101,11 @@ class SriovSpec(_Spec):
 
 
 class NicSpec(_Spec):
-    model: str
+    model: NicModelName
     name: str | None = Field(default=None, max_length=15)
     """Netdev name of the physical function; derived from the bus number when absent."""
     sriov: SriovSpec | None = None
     link: Literal["up", "down"] = "up"
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str) -> str:
-        if v not in NIC_MODELS:
-            raise ValueError(f"unknown NIC model {v!r}; known: {', '.join(sorted(NIC_MODELS))}")
-        return v
 
     @model_validator(mode="after")
     def _sriov_capable(self) -> NicSpec:
@@ -115,14 +116,7 @@ class NicSpec(_Spec):
 
 
 class TpuSpec(_Spec):
-    model: str
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str) -> str:
-        if v not in TPU_MODELS:
-            raise ValueError(f"unknown TPU model {v!r}; known: {', '.join(sorted(TPU_MODELS))}")
-        return v
+    model: TpuModelName
 
 
 class PciSpec(_Spec):
