@@ -20,7 +20,8 @@ Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
 
 # Flags that map one-to-one onto settings (argparse dest == setting name).
 _SETTING_FLAGS = (
-    "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "backends",
+    "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
+    "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid", "metrics_address",
 )
 
 
@@ -37,6 +38,8 @@ def _common_options() -> argparse.ArgumentParser:
                        help="keep the simulated node in DIR and reuse it on later runs (default: temporary)")
     group.add_argument("--sysfs-root", dest="sysfs_root", type=Path, metavar="DIR", help="sysfs root (/sys)")
     group.add_argument("--dev-root", dest="dev_root", type=Path, metavar="DIR", help="device node root (/dev)")
+    group.add_argument("--host-root", dest="host_root", type=Path, metavar="DIR",
+                       help="where the host's file system is seen, for driver libraries (/)")
     group.add_argument("--backends", metavar="NAMES",
                        type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
                        help="comma-separated backends to enable (default: every installed backend)")
@@ -47,7 +50,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent.commands import backends_command, discover_command
+    from agent.commands import backends_command, discover_command, run_command
 
     parser = argparse.ArgumentParser(
         prog="dra-agent",
@@ -72,6 +75,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backends.add_argument("-o", "--output", choices=("table", "json"), default="table")
     backends.set_defaults(handler=backends_command)
+
+    run = commands.add_parser(
+        "run", parents=[common], help="run the node agent",
+        description="Serve the kubelet's DRA and registration sockets for every driver with devices on this "
+                    "node, prepare and unprepare claims, and publish the node's ResourceSlices.",
+    )
+    group = run.add_argument_group("agent")
+    group.add_argument("--kubeconfig", type=Path, metavar="FILE",
+                       help="kubeconfig (default: in-cluster credentials, else $KUBECONFIG or ~/.kube/config)")
+    group.add_argument("--registry-dir", dest="registry_dir", type=Path, metavar="DIR",
+                       help="kubelet plugin registration directory (/var/lib/kubelet/plugins_registry)")
+    group.add_argument("--plugins-dir", dest="plugins_dir", type=Path, metavar="DIR",
+                       help="kubelet plugins directory (/var/lib/kubelet/plugins)")
+    group.add_argument("--cdi-dir", dest="cdi_dir", type=Path, metavar="DIR", help="CDI spec directory (/var/run/cdi)")
+    group.add_argument("--state-dir", dest="state_dir", type=Path, metavar="DIR",
+                       help="checkpoint directory (/var/lib/dra-agent)")
+    group.add_argument("--pod-uid", dest="pod_uid", metavar="UID",
+                       help="this agent pod's UID, for seamless DaemonSet rolling updates")
+    group.add_argument("--metrics-address", dest="metrics_address", metavar="HOST:PORT",
+                       help="serve /metrics, /healthz and /readyz here")
+    run.set_defaults(handler=run_command, output=None)
     return parser
 
 

@@ -19,7 +19,7 @@ from agent.settings import Settings
 from agent.slices import pool_slices
 from backends.simulation.profile import ProfileError
 
-__all__ = ["backends_command", "discover_command"]
+__all__ = ["backends_command", "discover_command", "run_command"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -136,3 +136,10 @@ async def backends_command(settings: Settings, output: str, out: TextIO, err: Te
                                f"failed: {failure.message}"))
     print(render_backends(rows, output), file=out)
     return EXIT_OK
+
+
+async def run_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
+    """Run the node agent until stopped."""
+    from agent.daemon import run  # the daemon needs the Kubernetes client and gRPC: load them only here
+
+    return await run(settings)

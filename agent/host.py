@@ -24,6 +24,7 @@ class Host:
 
     sysfs_root: Path
     dev_root: Path
+    host_root: Path = Path("/")
     profile: str | None = None
 
 
@@ -35,12 +36,12 @@ def open_host(settings: Settings) -> Iterator[Host]:
     Raises backends.simulation.profile.ProfileError for an unknown or invalid profile.
     """
     if settings.simulate is None:
-        yield Host(settings.sysfs_root, settings.dev_root)
+        yield Host(settings.sysfs_root, settings.dev_root, settings.host_root)
         return
     from backends.simulation.node import simulated_node  # only simulated runs pay for the simulator
 
     with simulated_node(settings.simulate, settings.sim_root) as node:
-        yield Host(node.sysfs, node.dev, node.profile.name)
+        yield Host(node.sysfs, node.dev, node.root, node.profile.name)
 
 
 def resolve_node_name(settings: Settings, host: Host) -> str:

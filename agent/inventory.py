@@ -57,7 +57,8 @@ async def start_all(
 
     async def start(plugin: LoadedPlugin) -> str | None:
         name = plugin.found.name
-        ctx = BackendContext(host.sysfs_root, host.dev_root, topology, config_for(name), get_logger(name))
+        ctx = BackendContext(host.sysfs_root, host.dev_root, host.host_root, topology, config_for(name),
+                             get_logger(name))
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 await plugin.backend.start(ctx)

@@ -22,7 +22,7 @@ _OWN = "dra-agent"
 
 
 # Coroutine methods of the contract and the positional arguments each takes after self.
-_ASYNC_METHODS = {"start": 1, "discover": 0, "prepare": 3, "unprepare": 2, "stop": 0}
+_ASYNC_METHODS = {"start": 1, "discover": 0, "prepare": 2, "unprepare": 2, "stop": 0}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ plus the conventional `NODE_NAME` and `KUBECONFIG`. Errors name the setting, the
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +45,20 @@ class Settings(BaseModel):
     """Keep the simulated node in this folder across runs (default: a temporary folder, removed at exit)."""
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
+    host_root: Path = Path("/")
+    """Where the host's file system is seen (e.g. /host in a container): driver libraries are found there."""
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    """Where the kubelet looks for plugin registration sockets."""
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    """Each driver's DRA socket goes to <plugins_dir>/<driver>/."""
+    cdi_dir: Path = Path("/var/run/cdi")
+    """Where CDI specs are written for the container runtime."""
+    state_dir: Path = Path("/var/lib/dra-agent")
+    """The checkpoint of prepared claims, per driver."""
+    pod_uid: str | None = None
+    """The agent pod's UID, during DaemonSet rolling updates: socket names carry it, instances share state."""
+    metrics_address: str | None = None
+    """HOST:PORT for /metrics, /healthz and /readyz; off when unset."""
     backends: tuple[str, ...] | None = None
     """Backends to load by entry-point name; every installed backend when unset."""
     driver_names: dict[str, str] = Field(default_factory=dict)
@@ -56,6 +71,22 @@ class Settings(BaseModel):
     def _node_name(cls, v: str | None) -> str | None:
         if v is not None and not is_node_name(v):
             raise ValueError("must be a valid node name: lower-case letters, digits, '-' and '.', at most 253")
+        return v
+
+    @field_validator("pod_uid")
+    @classmethod
+    def _pod_uid(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", v):
+            raise ValueError("must be a pod UID such as 3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b")
+        return v
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None:
+            port = v.rpartition(":")[2]
+            if not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ValueError("must be HOST:PORT or :PORT, e.g. :9477")
         return v
 
     @field_validator("backends")

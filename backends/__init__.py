@@ -1,6 +1,7 @@
 """Device-family backends and the contract every backend, built-in or third-party, implements."""
 
 from backends.contract import (
+    Allocated,
     AttributeValue,
     Backend,
     BackendContext,
@@ -20,6 +21,7 @@ from backends.contract import (
 )
 
 __all__ = [
+    "Allocated",
     "AttributeValue",
     "Backend",
     "BackendContext",

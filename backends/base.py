@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from backends.config import BackendConfig, parse_config
-from backends.contract import BackendContext, ClaimRef, HealthEvent, Prepared, PrepareError
+from backends.contract import Allocated, BackendContext, ClaimRef, HealthEvent, Prepared, PrepareError
 
 __all__ = ["BuiltinBackend"]
 
@@ -40,7 +40,7 @@ class BuiltinBackend:
         return
         yield  # makes this an async generator
 
-    async def prepare(self, claim: ClaimRef, devices: Sequence[str], config: Any) -> Sequence[Prepared]:
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
         raise PrepareError(f"backend {self.name} does not support preparing devices")
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.contract import ConfigError
 
-__all__ = ["BackendConfig", "parse_config"]
+__all__ = ["CONFIG_API_VERSION", "BackendConfig", "OpaqueConfig", "parse_config"]
+
+CONFIG_API_VERSION = "dra-agent.io/v1alpha1"
+"""The API version of the opaque configuration kinds of the built-in backends."""
 
 _M = TypeVar("_M", bound="BackendConfig")
 
@@ -29,3 +32,26 @@ def parse_config(model: type[_M], raw: Mapping[str, Any], backend: str) -> _M:
             f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in e.errors()
         )
         raise ConfigError(f"invalid configuration for backend {backend}: {details}") from None
+
+
+class OpaqueConfig(BaseModel):
+    """Typed opaque parameters of a claim or device class, selected by `apiVersion` and `kind`.
+
+    A backend lists the types it accepts in `config_types`; subclasses set API_VERSION and KIND. Unknown
+    fields are rejected, and no field can name a path, device node, mount or hook of the caller's choosing:
+    backends derive every container edit from the hardware they own.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    API_VERSION: ClassVar[str]
+    KIND: ClassVar[str]
+
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+
+    @model_validator(mode="after")
+    def _type_matches(self) -> OpaqueConfig:
+        if (self.api_version, self.kind) != (self.API_VERSION, self.KIND):
+            raise ValueError(f"expected apiVersion {self.API_VERSION} and kind {self.KIND}")
+        return self

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from cdi.spec import ContainerEdits
 
 __all__ = [
+    "Allocated",
     "AttributeValue",
     "Backend",
     "BackendContext",
@@ -133,10 +134,13 @@ class Inventory:
 
 @dataclass(frozen=True)
 class BackendContext:
-    """Everything a backend may use from the host: where sysfs and /dev are, topology, its config, a logger."""
+    """Everything a backend may use from the host: where sysfs, /dev and the host's files are, topology, its
+    config, a logger. Container edits name host paths as the container runtime sees them (e.g. /dev/nvidia0,
+    /usr/lib/...), found by the backend under these roots."""
 
     sysfs_root: Path
     dev_root: Path
+    host_root: Path
     topology: TopologyReader
     config: Mapping[str, Any]
     log: FilteringBoundLogger
@@ -152,15 +156,33 @@ class ClaimRef:
 
 
 @dataclass(frozen=True)
+class Allocated:
+    """A device of this backend allocated to a claim, with the claim's typed opaque configuration for it.
+
+    `config` is the effective configuration of the request the device was allocated for (class configuration
+    first, claim configuration over it, request-specific over general), already validated against one of the
+    backend's `config_types`; None when the claim gives none.
+    """
+
+    device: str
+    request: str
+    config: Any = None
+    admin_access: bool = False
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A device made ready for a claim: what the container gets, and what undoing it needs.
 
+    `edits` apply to containers using this device; `common_edits` to every container using any device of the
+    claim (shared control nodes, driver libraries, claim-wide environment) and are merged once per claim.
     `restore` is checkpointed by the core and handed back to `unprepare`, possibly after a restart, so it
     must be JSON-serialisable and sufficient on its own (e.g. MIG instance ids, the driver a device had).
     """
 
     device: str
     edits: ContainerEdits
+    common_edits: ContainerEdits | None = None
     restore: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -211,11 +233,18 @@ class Backend(Protocol):
     def health(self) -> AsyncIterator[HealthEvent]:
         """Stream health changes of owned devices until stopped."""
 
-    async def prepare(self, claim: ClaimRef, devices: Sequence[str], config: Any) -> Sequence[Prepared]:
-        """Make the named devices ready for the claim; idempotent for the same claim and devices."""
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
+        """Make the devices ready for the claim, one `Prepared` per device; idempotent for the same claim.
+
+        Raise PrepareError (or ConfigError) with a message for the operator; the claim fails, nothing else.
+        """
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
-        """Undo `prepare` from its restore records alone; succeed if there is nothing left to undo."""
+        """Undo `prepare` from its records alone; succeed if there is nothing left to undo.
+
+        After a crash in the middle of `prepare`, the records carry only the device names (empty edits and
+        restore): undo whatever of the preparation exists.
+        """
 
     async def stop(self) -> None:
         """Release everything `start` opened."""

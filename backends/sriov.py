@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 
 from backends.base import BuiltinBackend
-from backends.contract import AttributeValue, Device, Inventory
+from backends.contract import Allocated, AttributeValue, ClaimRef, Device, Inventory, Prepared, PrepareError
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_hex, read_int, read_link_name
 from backends.topology import device_name
+from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["SriovNicBackend"]
 
@@ -25,6 +27,35 @@ class SriovNicBackend(BuiltinBackend):
 
     name = "sriov-nic"
     driver = "sriov.dra-agent.io"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._vfs: dict[str, str] = {}  # device name → VF bus id, from the last discovery
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
+        """A VF keeps its kernel driver: the container gets its RDMA verbs device, when it has one."""
+        missing = [a.device for a in devices if a.device not in self._vfs]
+        if missing:
+            raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
+        return await asyncio.to_thread(self._prepare, devices)
+
+    def _prepare(self, devices: Sequence[Allocated]) -> list[Prepared]:
+        prepared: list[Prepared] = []
+        has_cm = (self.ctx.dev_root / "infiniband/rdma_cm").exists()
+        rdma_cm = (DeviceNode("/dev/infiniband/rdma_cm"),) if has_cm else ()
+        for allocated in devices:
+            folder = self.ctx.topology.device_dir(self._vfs[allocated.device])
+            try:
+                verbs = [v for v in list_dir(folder / "infiniband_verbs") if v.startswith("uverbs")]
+            except SysfsError as e:
+                raise PrepareError(f"{allocated.device}: {e}") from None
+            nodes = tuple(DeviceNode(f"/dev/infiniband/{v}") for v in verbs)
+            prepared.append(Prepared(
+                device=allocated.device,
+                edits=ContainerEdits(device_nodes=nodes),
+                common_edits=ContainerEdits(device_nodes=rdma_cm) if nodes else None,
+            ))
+        return prepared
 
     async def discover(self) -> Inventory:
         return await asyncio.to_thread(self._discover)
@@ -44,6 +75,7 @@ class SriovNicBackend(BuiltinBackend):
                 devices.extend(self._virtual_functions(bus_id, folder, warnings))
             except SysfsError as e:
                 warnings.append(f"NIC {bus_id}: {e}; its VFs are left out")
+        self._vfs = {d.name: d.topology.bus_id for d in devices if d.topology is not None}
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
     def _virtual_functions(self, pf_bus_id: str, pf: str, warnings: list[str]) -> list[Device]:

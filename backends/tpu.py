@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from backends.base import BuiltinBackend
-from backends.contract import Device, Inventory
+from backends.contract import Allocated, ClaimRef, Device, Inventory, Prepared, PrepareError
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_hex
 from backends.topology import device_name
+from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["TPU_GENERATIONS", "TpuBackend"]
 
@@ -15,11 +18,41 @@ GOOGLE = 0x1AE0
 TPU_GENERATIONS = {0x005E: "v4", 0x0056: "v4lite", 0x0063: "v5e", 0x0062: "v5p", 0x006F: "v6e"}
 
 
+# Chips per process for a process that owns N chips of one host, as libtpu expects them (x,y,z).
+_CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
+
+
+@dataclass(frozen=True)
+class _Chip:
+    index: int
+    kind: str  # "accel" or "vfio"
+    iommu_group: int | None
+
+
 class TpuBackend(BuiltinBackend):
     """TPU chips, one device each."""
 
     name = "tpu"
     driver = "tpu.google.com"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._chips: dict[str, _Chip] = {}  # from the last discovery
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
+        """The chips' device nodes, and the libtpu environment naming exactly the allocated chips."""
+        missing = [a.device for a in devices if a.device not in self._chips]
+        if missing:
+            raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
+        chips = [self._chips[a.device] for a in devices]
+        env = [f"TPU_VISIBLE_CHIPS={','.join(str(c.index) for c in sorted(chips, key=lambda c: c.index))}",
+               "TPU_PROCESS_BOUNDS=1,1,1"]
+        if len(chips) in _CHIP_BOUNDS:
+            env.append(f"TPU_CHIPS_PER_PROCESS_BOUNDS={_CHIP_BOUNDS[len(chips)]}")
+        shared = (DeviceNode("/dev/vfio/vfio"),) if any(c.kind == "vfio" for c in chips) else ()
+        common = ContainerEdits(env=tuple(env), device_nodes=shared)
+        return [Prepared(device=a.device, edits=ContainerEdits(device_nodes=(_node(c),)), common_edits=common)
+                for a, c in zip(devices, chips, strict=True)]
 
     async def discover(self) -> Inventory:
         return await asyncio.to_thread(self._discover)
@@ -42,6 +75,7 @@ class TpuBackend(BuiltinBackend):
         except SysfsError as e:
             return Inventory(warnings=(str(e),))
         devices: list[Device] = []
+        chips_now: dict[str, _Chip] = {}
         for position, (bus_id, generation) in enumerate(chips):
             topology = self.ctx.topology.lookup(bus_id)
             warnings.extend(topology.problems)
@@ -54,9 +88,19 @@ class TpuBackend(BuiltinBackend):
                 warnings.append(f"TPU {bus_id}: bound to {topology.driver or 'no driver'}, neither an accel "
                                 "device nor vfio-pci; left out")
                 continue
+            if kind == "vfio" and topology.iommu_group is None:
+                warnings.append(f"TPU {bus_id}: on vfio-pci but without an IOMMU group; left out")
+                continue
+            name = device_name("tpu", bus_id)
+            chips_now[name] = _Chip(index, kind, topology.iommu_group)
             devices.append(Device(
-                name=device_name("tpu", bus_id),
+                name=name,
                 attributes={"type": "tpu", "generation": generation, "index": index, "deviceNodeKind": kind},
                 topology=topology,
             ))
+        self._chips = chips_now
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
+
+
+def _node(chip: _Chip) -> DeviceNode:
+    return DeviceNode(f"/dev/accel{chip.index}" if chip.kind == "accel" else f"/dev/vfio/{chip.iommu_group}")

@@ -1,5 +1,57 @@
-"""Container Device Interface: the spec model the agent writes for container runtimes."""
+"""Container Device Interface: the spec model, naming rules and spec directory the agent writes for runtimes."""
 
-from cdi.spec import ContainerEdits, DeviceNode, Hook, Mount
+from cdi.names import (
+    CdiNameError,
+    is_valid_class,
+    is_valid_device_name,
+    is_valid_vendor,
+    parse_kind,
+    parse_qualified_name,
+    qualified_name,
+    safe_transient_id,
+    spec_file_name,
+    spec_file_prefix,
+    validate_spec,
+)
+from cdi.spec import (
+    KNOWN_VERSIONS,
+    CdiSpecError,
+    ContainerEdits,
+    Device,
+    DeviceNode,
+    Hook,
+    Mount,
+    NetDevice,
+    Spec,
+    edits_from_dict,
+    edits_to_dict,
+    minimum_version,
+)
+from cdi.store import SpecStore
 
-__all__ = ["ContainerEdits", "DeviceNode", "Hook", "Mount"]
+__all__ = [
+    "KNOWN_VERSIONS",
+    "CdiNameError",
+    "CdiSpecError",
+    "ContainerEdits",
+    "Device",
+    "DeviceNode",
+    "Hook",
+    "Mount",
+    "NetDevice",
+    "Spec",
+    "SpecStore",
+    "edits_from_dict",
+    "edits_to_dict",
+    "is_valid_class",
+    "is_valid_device_name",
+    "is_valid_vendor",
+    "minimum_version",
+    "parse_kind",
+    "parse_qualified_name",
+    "qualified_name",
+    "safe_transient_id",
+    "spec_file_name",
+    "spec_file_prefix",
+    "validate_spec",
+]

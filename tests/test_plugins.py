@@ -45,7 +45,7 @@ class FpgaBackend:
         await asyncio.Event().wait()
         yield
 
-    async def prepare(self, claim, devices, config):
+    async def prepare(self, claim, devices):
         return []
 
     async def unprepare(self, claim, prepared):

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from backends.base import BuiltinBackend
-from backends.contract import Device, Inventory
+from backends.contract import Allocated, ClaimRef, Device, Inventory, Prepared, PrepareError
 from backends.nvidia.common import gpu_attributes, read_nvml
+from backends.nvidia.config import DEFAULT_GPU_CONFIG, GpuConfig
+from backends.nvidia.driver_files import Capability, driver_mounts
 from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
 from backends.topology import device_name
+from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["NvidiaGpuBackend"]
+
+_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 
 class NvidiaGpuBackend(BuiltinBackend):
@@ -18,9 +24,44 @@ class NvidiaGpuBackend(BuiltinBackend):
 
     name = "nvidia-gpu"
     driver = "gpu.nvidia.com"
+    config_types = (GpuConfig,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._minors: dict[str, int] = {}  # device name → N of /dev/nvidiaN, from the last discovery
+        self._driver_version = ""
+        self._warned_no_files = False
 
     async def discover(self) -> Inventory:
         return await asyncio.to_thread(self._discover)
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
+        """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all."""
+        missing = [a.device for a in devices if a.device not in self._minors]
+        if missing:
+            raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
+        capabilities: list[Capability] = []
+        for allocated in devices:
+            config = allocated.config if isinstance(allocated.config, GpuConfig) else DEFAULT_GPU_CONFIG
+            capabilities.extend(config.driver_capabilities)
+        common = await asyncio.to_thread(self._common_edits, tuple(dict.fromkeys(capabilities)))
+        return [
+            Prepared(
+                device=a.device,
+                edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{self._minors[a.device]}"),)),
+                common_edits=common,
+            )
+            for a in devices
+        ]
+
+    def _common_edits(self, capabilities: tuple[Capability, ...]) -> ContainerEdits:
+        nodes = tuple(DeviceNode(f"/dev/{name}") for name in _CONTROL_NODES if (self.ctx.dev_root / name).exists())
+        mounts = driver_mounts(self.ctx.host_root, self._driver_version, capabilities)
+        if not mounts and not self._warned_no_files:
+            self._warned_no_files = True
+            self.ctx.log.warning("no NVIDIA driver libraries or binaries found on the host; containers get "
+                                 "device nodes only", host_root=str(self.ctx.host_root))
+        return ContainerEdits(device_nodes=nodes, mounts=mounts)
 
     def _discover(self) -> Inventory:
         return read_nvml(self.ctx.log, self._inventory)
@@ -35,6 +76,8 @@ class NvidiaGpuBackend(BuiltinBackend):
             device, device_problems = self._device(gpu, system)
             devices.append(device)
             warnings.extend(device_problems)
+        self._minors = {device_name("gpu", g.bus_id): g.minor for g in gpus if not g.mig_enabled}
+        self._driver_version = system.driver_version
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
     def _device(self, gpu: GpuInfo, system: SystemInfo) -> tuple[Device, list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +42,22 @@ class SimulatedNode:
         """Lay the profile out, write its trees under `root` and create its NVML state (not yet installed)."""
         plan = plan_node(profile)
         write_tree(plan, root / "sys", root / "dev")
-        return cls(profile, plan, root, _nvml(plan))
+        node = cls(profile, plan, root, _nvml(plan))
+        node.reboot()
+        if plan.gpus:
+            _write_driver_files(root, profile.nvidia.driver_version)
+        return node
+
+    @property
+    def boot_id_file(self) -> Path:
+        return self.root / "proc/sys/kernel/random/boot_id"
+
+    def reboot(self) -> str:
+        """Give the node a new boot id, as a reboot does; returns it."""
+        self.boot_id_file.parent.mkdir(parents=True, exist_ok=True)
+        boot_id = str(uuid.uuid4())
+        self.boot_id_file.write_text(boot_id + "\n")
+        return boot_id
 
     @classmethod
     def open(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
@@ -98,6 +114,25 @@ def _nvml(plan: NodePlan) -> SimulatedNvml:
                     f"GPU {g.bus_id}: cannot create MIG instance {inst.profile} at {inst.start}: {e}"
                 ) from None
     return nvml
+
+
+# The NVIDIA driver's user-space files a GPU container gets, as an installed driver leaves them on the host.
+_DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
+                     "libnvcuvid.so", "libnvidia-encode.so")
+_DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control")
+
+
+def _write_driver_files(root: Path, version: str) -> None:
+    libraries = root / "usr/lib/x86_64-linux-gnu"
+    libraries.mkdir(parents=True, exist_ok=True)
+    for base in _DRIVER_LIBRARIES:
+        (libraries / f"{base}.{version}").write_bytes(b"\x7fELF simulated\n")
+        (libraries / f"{base}.1").symlink_to(f"{base}.{version}")
+    binaries = root / "usr/bin"
+    binaries.mkdir(parents=True, exist_ok=True)
+    for name in _DRIVER_BINARIES:
+        (binaries / name).write_bytes(b"#!/bin/sh\n")
+        (binaries / name).chmod(0o755)
 
 
 def _memory_dir() -> str | None:

@@ -1,0 +1,74 @@
+"""Prometheus metrics and the HTTP endpoint that serves them with liveness and readiness probes.
+
+`/metrics` (Prometheus text format), `/healthz` (the event loop answers), `/readyz` (every driver is
+registered with the kubelet and its slices are published).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["Metrics", "MetricsServer"]
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 45)
+
+
+class Metrics:
+    """The agent's metrics, in a registry of their own (several agents can live in one test process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("dra_agent_node_requests", "Claims in kubelet prepare/unprepare calls",
+                                ["driver", "operation", "outcome"], registry=self.registry)
+        self.latency = Histogram("dra_agent_node_request_seconds", "Time to prepare or unprepare one claim",
+                                 ["driver", "operation"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.prepared_claims = Gauge("dra_agent_prepared_claims", "Claims prepared on this node",
+                                     ["driver"], registry=self.registry)
+        self.published_devices = Gauge("dra_agent_published_devices", "Devices in this node's ResourceSlices",
+                                       ["driver"], registry=self.registry)
+        self.api_errors = Counter("dra_agent_api_errors", "Failed requests to the Kubernetes API server",
+                                  ["operation"], registry=self.registry)
+
+    def observe(self, driver: str, operation: str, seconds: float, error: bool) -> None:
+        self.requests.labels(driver, operation, "error" if error else "ok").inc()
+        self.latency.labels(driver, operation).observe(seconds)
+
+
+class MetricsServer:
+    """Serves the metrics and probes on host:port."""
+
+    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], bool]) -> None:
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            raise ValueError(f"metrics address {address!r} must be HOST:PORT")
+        self.host, self.port = host or "0.0.0.0", int(port)
+        self._metrics = metrics
+        self._ready = ready
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        app.router.add_get("/healthz", self._serve_health)
+        app.router.add_get("/readyz", self._serve_ready)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]  # the real port when 0 asked for any
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _serve_health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _serve_ready(self, request: web.Request) -> web.Response:
+        return web.Response(text="ready\n") if self._ready() else web.Response(status=503, text="not ready\n")

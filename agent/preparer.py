@@ -1,0 +1,362 @@
+"""Prepare and unprepare claims for one DRA driver: crash-safe, idempotent, one result per claim.
+
+Prepare: read the claim (outside any lock), keep this driver's devices, resolve their opaque configuration,
+then under the claim's and its devices' locks: answer from the checkpoint when already prepared (re-creating
+a lost CDI spec), refuse devices prepared for another claim, record `started`, let the owning backends prepare,
+write the claim's CDI spec, record `completed`, answer. Unprepare works from the checkpoint alone. A failure
+fails that claim only; whatever was done for it is undone. At start-up, `recover` rolls back claims found
+`started`, re-creates missing CDI specs of completed claims and removes specs no claim owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from structlog.typing import FilteringBoundLogger
+
+from agent.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
+from agent.claim_cdi import cdi_device_id, claim_spec
+from agent.claims import ClaimAllocation, ClaimError, check_reference, configs_for, read_allocation
+from agent.failpoints import failpoint
+from agent.kubelet_api import ClaimResult, PreparedDeviceResult
+from agent.locks import FileLock, KeyedLocks
+from agent.metrics import Metrics
+from agent.opaque import effective_config
+from backends.config import OpaqueConfig
+from backends.contract import Allocated, Backend, BackendError, ClaimRef, Prepared
+from cdi.store import SpecStore
+
+__all__ = ["ClaimReader", "Owner", "Preparer"]
+
+BACKEND_TIMEOUT = 40.0
+"""Seconds a backend may take for one claim: below the kubelet's 45 s deadline, so the claim gets an answer."""
+
+
+class ClaimReader(Protocol):
+    """Reads ResourceClaims from the API server."""
+
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The claim, None when it does not exist; other failures raise with a message for the operator."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The backend that owns a device."""
+
+    name: str
+    backend: Backend
+    config_types: tuple[type[OpaqueConfig], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What preparing one claim means: per backend, its devices with their effective configuration."""
+
+    allocation: ClaimAllocation
+    per_backend: dict[str, tuple[Owner, list[Allocated]]]
+    requests: dict[str, tuple[str, ...]]  # device → request names (subrequests stripped)
+
+
+class Preparer:
+    """Prepare/unprepare for one driver on this node."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        checkpoint: Checkpoint,
+        store: SpecStore,
+        claims: ClaimReader,
+        owner_of: Callable[[str], Owner | None],
+        backends: Mapping[str, Backend],
+        log: FilteringBoundLogger,
+        serialize: FileLock | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.checkpoint = checkpoint
+        self.store = store
+        self._claims = claims
+        self._owner_of = owner_of
+        self._backends = backends
+        self._log = log.bind(driver=driver)
+        self._locks = KeyedLocks()
+        self._serialize = serialize
+        self._metrics = metrics
+
+    # --- kubelet calls ----------------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        """One result per claim; never raises."""
+        plans = await asyncio.gather(*(self._plan(ref) for ref in claims))
+        results = await asyncio.gather(*(self._prepare_planned(ref, plan) for ref, plan in zip(claims, plans,
+                                                                                                   strict=True)))
+        return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """An error message per claim, empty on success; never raises."""
+        errors = await asyncio.gather(*(self._unprepare_one(ref) for ref in claims))
+        return {ref.uid: error for ref, error in zip(claims, errors, strict=True)}
+
+    # --- prepare ----------------------------------------------------------------------------------------
+
+    async def _plan(self, ref: ClaimRef) -> _Plan | str:
+        """Read and check the claim; an error message when it cannot be prepared."""
+        try:
+            check_reference(ref)
+            try:
+                claim = await self._claims.get_claim(ref.namespace, ref.name)
+            except Exception as e:
+                return f"cannot read claim {ref.namespace}/{ref.name}: {e}"
+            if claim is None:
+                return f"claim {ref.namespace}/{ref.name} not found"
+            allocation = read_allocation(claim, ref, self.driver)
+            return self._resolve(allocation)
+        except ClaimError as e:
+            return str(e)
+
+    def _resolve(self, allocation: ClaimAllocation) -> _Plan:
+        per_backend: dict[str, tuple[Owner, list[Allocated]]] = {}
+        requests: dict[str, tuple[str, ...]] = {}
+        for result in allocation.devices:
+            if result.pool != self.pool:
+                raise ClaimError(f"device {result.device} was allocated from pool {result.pool}; "
+                                 f"this node's pool is {self.pool}")
+            owner = self._owner_of(result.device)
+            if owner is None:
+                raise ClaimError(f"device {result.device} is not a device of driver {self.driver} on this node")
+            config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
+            entry = per_backend.setdefault(owner.name, (owner, []))
+            if all(a.device != result.device for a in entry[1]):
+                entry[1].append(Allocated(result.device, result.request, config, result.admin_access))
+            requests[result.device] = tuple(dict.fromkeys((*requests.get(result.device, ()), result.request_name)))
+        return _Plan(allocation, per_backend, requests)
+
+    async def _prepare_planned(self, ref: ClaimRef, plan: _Plan | str) -> ClaimResult:
+        if isinstance(plan, str):
+            return ClaimResult(error=plan)
+        started = time.perf_counter()
+        devices = sorted(plan.requests)
+        try:
+            async with self._exclusive(ref.uid, devices):
+                result = await self._prepare_locked(ref, plan)
+        except Exception as e:  # a bug must fail this claim, not the batch
+            self._log.exception("prepare failed unexpectedly", claim=_name(ref))
+            result = ClaimResult(error=f"internal error while preparing: {type(e).__name__}: {e}")
+        seconds = time.perf_counter() - started
+        self._observe("prepare", seconds, bool(result.error))
+        outcome = {"error": result.error} if result.error else {"devices": len(result.devices)}
+        self._log.info("prepared claim" if not result.error else "claim not prepared", claim=_name(ref),
+                       seconds=round(seconds, 4), **outcome)
+        return result
+
+    def _observe(self, operation: str, seconds: float, error: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.observe(self.driver, operation, seconds, error)
+            self._metrics.prepared_claims.labels(self.driver).set(
+                sum(c.state == "completed" for c in self.checkpoint.claims.values()))
+
+    async def _prepare_locked(self, ref: ClaimRef, plan: _Plan) -> ClaimResult:
+        record = self.checkpoint.claims.get(ref.uid)
+        if record is not None and record.state == "started":
+            await self._roll_back(record)  # an earlier attempt was cut short
+            record = None
+        if record is not None and record.boot_id == self.checkpoint.boot_id:
+            if {d.device for d in record.devices} == set(plan.requests):
+                await self._ensure_spec(record)
+                return self._answer(record)
+            return ClaimResult(error=f"claim {_name(ref)} was prepared with other devices; unprepare it first")
+        conflict = self._conflict(ref, plan)
+        if conflict:
+            return ClaimResult(error=conflict)
+        failpoint("prepare-before-started")
+        pairs = tuple((device, owner.name) for owner, allocated in plan.per_backend.values() for device in
+                      (a.device for a in allocated))
+        started = await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs)
+        failpoint("prepare-after-started")
+        prepared, error = await self._run_backends(ref, plan)
+        if error:
+            await self._undo(ref, prepared, started)
+            return ClaimResult(error=error)
+        failpoint("prepare-after-backends")
+        records = tuple(
+            DeviceRecord(
+                device=p.device,
+                backend=backend,
+                requests=plan.requests[p.device],
+                cdi_ids=(cdi_device_id(self.driver, ref.uid, p.device),),
+                edits=p.edits,
+                common_edits=p.common_edits,
+                restore=dict(p.restore),
+            )
+            for backend, items in prepared.items()
+            for p in items
+        )
+        try:
+            await asyncio.to_thread(self.store.write, ref.uid, claim_spec(self.driver, ref.uid, records))
+        except Exception as e:
+            await self._undo(ref, prepared, started)
+            return ClaimResult(error=f"cannot write the CDI spec: {e}")
+        failpoint("prepare-after-cdi")
+        completed = await asyncio.to_thread(self.checkpoint.complete, started, records)
+        failpoint("prepare-after-completed")
+        return self._answer(completed)
+
+    def _conflict(self, ref: ClaimRef, plan: _Plan) -> str:
+        shared = {a.device for _, allocated in plan.per_backend.values() for a in allocated if a.admin_access}
+        for other in self.checkpoint.claims.values():
+            if other.uid == ref.uid:
+                continue
+            taken = {d.device for d in other.devices} & set(plan.requests) - shared
+            if taken:
+                return (f"device {sorted(taken)[0]} is already prepared for claim {other.namespace}/{other.name} "
+                        f"({other.uid}); unprepare that claim first")
+        return ""
+
+    async def _run_backends(self, ref: ClaimRef, plan: _Plan) -> tuple[dict[str, list[Prepared]], str]:
+        """Prepare on every owning backend concurrently; what succeeded is returned even when one fails."""
+
+        async def one(owner: Owner, allocated: list[Allocated]) -> list[Prepared] | str:
+            try:
+                async with asyncio.timeout(BACKEND_TIMEOUT):
+                    prepared = list(await owner.backend.prepare(ref, allocated))
+            except TimeoutError:
+                return f"backend {owner.name} did not prepare {_devices(allocated)} within {BACKEND_TIMEOUT:.0f} s"
+            except BackendError as e:
+                return f"{_devices(allocated)}: {e}"
+            except Exception as e:
+                self._log.exception("backend prepare failed", backend=owner.name, claim=_name(ref))
+                return f"backend {owner.name} failed on {_devices(allocated)}: {type(e).__name__}: {e}"
+            wanted = {a.device for a in allocated}
+            if {p.device for p in prepared} != wanted or len(prepared) != len(wanted):
+                return f"backend {owner.name} answered for other devices than {_devices(allocated)}"
+            return prepared
+
+        names = list(plan.per_backend)
+        outcomes = await asyncio.gather(*(one(*plan.per_backend[n]) for n in names))
+        done = {n: o for n, o in zip(names, outcomes, strict=True) if not isinstance(o, str)}
+        errors = [o for o in outcomes if isinstance(o, str)]
+        return done, "; ".join(errors)
+
+    async def _undo(self, ref: ClaimRef, prepared: Mapping[str, list[Prepared]], started: ClaimRecord) -> None:
+        """Undo a prepare that failed part-way; the claim's devices must end up as they were."""
+        for backend, items in prepared.items():
+            try:
+                await self._backends[backend].unprepare(ref, items)
+            except Exception as e:
+                # Keep the `started` record: the next prepare or restart rolls it back again.
+                self._log.error("undoing a failed prepare failed", backend=backend, claim=_name(ref), error=str(e))
+                return
+        await asyncio.to_thread(self.store.delete, ref.uid)
+        await asyncio.to_thread(self.checkpoint.remove, started.uid)
+
+    def _answer(self, record: ClaimRecord) -> ClaimResult:
+        return ClaimResult(devices=tuple(
+            PreparedDeviceResult(pool=self.pool, device=d.device, cdi_device_ids=d.cdi_ids, request_names=d.requests)
+            for d in record.devices
+        ))
+
+    async def _ensure_spec(self, record: ClaimRecord) -> None:
+        """Re-create a completed claim's CDI spec if it is gone (the CDI directory is a tmpfs)."""
+        if not await asyncio.to_thread(self.store.exists, record.uid):
+            await asyncio.to_thread(self.store.write, record.uid, claim_spec(self.driver, record.uid, record.devices))
+            self._log.info("re-created CDI spec", claim=f"{record.namespace}/{record.name}:{record.uid}")
+
+    # --- unprepare --------------------------------------------------------------------------------------
+
+    async def _unprepare_one(self, ref: ClaimRef) -> str:
+        started = time.perf_counter()
+        record = self.checkpoint.claims.get(ref.uid)
+        if record is None and self._serialize is None:
+            return ""  # unknown claim: nothing to undo
+        devices = [d.device for d in record.devices] if record else []
+        try:
+            async with self._exclusive(ref.uid, devices):
+                record = self.checkpoint.claims.get(ref.uid)  # it may have changed while waiting
+                if record is None:
+                    return ""
+                failpoint("unprepare-before-backends")
+                error = await self._release(ref, record)
+        except Exception as e:
+            self._log.exception("unprepare failed unexpectedly", claim=_name(ref))
+            error = f"internal error while unpreparing: {type(e).__name__}: {e}"
+        self._observe("unprepare", time.perf_counter() - started, bool(error))
+        self._log.info("unprepared claim" if not error else "claim not unprepared", claim=_name(ref),
+                       **({"error": error} if error else {}))
+        return error
+
+    async def _release(self, ref: ClaimRef, record: ClaimRecord) -> str:
+        by_backend: dict[str, list[Prepared]] = {}
+        for d in record.devices:
+            by_backend.setdefault(d.backend, []).append(
+                Prepared(device=d.device, edits=d.edits, common_edits=d.common_edits, restore=d.restore))
+        for backend, items in by_backend.items():
+            owner = self._backends.get(backend)
+            if owner is None:
+                return f"backend {backend}, which prepared {_devices(items)}, is not loaded; load it to unprepare"
+            try:
+                async with asyncio.timeout(BACKEND_TIMEOUT):
+                    await owner.unprepare(ref, items)
+            except TimeoutError:
+                return f"backend {backend} did not unprepare {_devices(items)} within {BACKEND_TIMEOUT:.0f} s"
+            except Exception as e:
+                return f"{_devices(items)}: {e}"
+        failpoint("unprepare-after-backends")
+        await asyncio.to_thread(self.store.delete, record.uid)
+        failpoint("unprepare-after-cdi")
+        await asyncio.to_thread(self.checkpoint.remove, record.uid)
+        failpoint("unprepare-after-removed")
+        return ""
+
+    # --- start-up ---------------------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Make the checkpoint, the CDI directory and the hardware agree after a restart or a crash."""
+        await asyncio.to_thread(self.checkpoint.load)
+        for problem in self.checkpoint.problems:
+            self._log.error("checkpoint record unreadable", problem=problem)
+        for record in list(self.checkpoint.claims.values()):
+            if record.state == "started":
+                await self._roll_back(record)
+            elif record.boot_id == self.checkpoint.boot_id:
+                await self._ensure_spec(record)
+        live = {c.uid for c in self.checkpoint.claims.values() if c.boot_id == self.checkpoint.boot_id}
+        removed = await asyncio.to_thread(self.store.sweep, live)
+        for uid in removed:
+            self._log.info("removed CDI spec no claim owns", spec=uid)
+
+    async def _roll_back(self, record: ClaimRecord) -> None:
+        """Undo a prepare that a crash cut short, from the device names the `started` record holds."""
+        ref = ClaimRef(record.uid, record.namespace, record.name)
+        self._log.warning("rolling back a prepare that did not complete", claim=_name(ref))
+        error = await self._release(ref, record)
+        if error:
+            self._log.error("roll-back failed; will retry", claim=_name(ref), error=error)
+
+    # --- locking ----------------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _exclusive(self, uid: str, devices: Sequence[str]) -> AsyncIterator[None]:
+        """Hold the claim's and its devices' locks, and during rolling updates the cross-instance lock."""
+        async with AsyncExitStack() as stack:
+            if self._serialize is not None:
+                await stack.enter_async_context(self._serialize.hold())
+                # The other instance may have changed the checkpoint while it held the lock: read that first.
+                await asyncio.to_thread(self.checkpoint.refresh)
+            await stack.enter_async_context(self._locks.hold([f"claim/{uid}", *(f"device/{d}" for d in devices)]))
+            yield
+
+
+def _name(ref: ClaimRef) -> str:
+    return f"{ref.namespace}/{ref.name}:{ref.uid}"
+
+
+def _devices(items: Sequence[Allocated] | Sequence[Prepared]) -> str:
+    return ", ".join(i.device for i in items)

@@ -1,0 +1,104 @@
+"""A prepare environment for tests: a simulated node, its started backends, a Preparer per driver, claims."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.checkpoint import Checkpoint
+from agent.claim_cdi import CLASS, vendor
+from agent.host import Host
+from agent.inventory import BackendReport, discover_all, start_all, stop_all
+from agent.logs import get_logger
+from agent.plugins import LoadedPlugin, find_plugins, load_plugins
+from agent.preparer import Owner, Preparer
+from backends.contract import ClaimRef
+from backends.simulation.node import SimulatedNode
+from cdi.store import SpecStore
+
+NODE = "node-a"
+
+
+@dataclass
+class FakeClaims:
+    """ResourceClaims as a test API server would return them (the ClaimReader of the Preparer)."""
+
+    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    failing: str | None = None
+    reads: int = 0
+
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        self.reads += 1
+        if self.failing:
+            raise RuntimeError(self.failing)
+        return self.claims.get((namespace, name))
+
+    def add(self, name: str, results: list[tuple[str, str, str]], configs: list[dict[str, Any]] | None = None,
+            namespace: str = "default") -> ClaimRef:
+        """A claim allocated (request, driver, device) in this node's pools; returns the kubelet's reference."""
+        uid = str(uuid.uuid4())
+        self.claims[(namespace, name)] = {
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": r, "driver": d, "pool": NODE, "device": dev} for r, d, dev in results],
+                "config": configs or [],
+            }}},
+        }
+        return ClaimRef(uid, namespace, name)
+
+
+@dataclass
+class PrepareEnv:
+    node: SimulatedNode
+    root: Path
+    claims: FakeClaims
+    reports: list[BackendReport]
+    plugins: list[LoadedPlugin]
+    preparers: dict[str, Preparer] = field(default_factory=dict)
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    def preparer(self, driver: str, boot_id: str | None = None) -> Preparer:
+        """A (new) Preparer for a driver, as a (re)started agent would build it."""
+        owners: dict[str, Owner] = {}
+        backends = {}
+        for report in self.reports:
+            if report.driver != driver:
+                continue
+            backends[report.name] = report.plugin.backend
+            for device in report.inventory.devices if report.inventory else ():
+                owners[device.name] = Owner(report.name, report.plugin.backend,
+                                            tuple(getattr(report.plugin.backend, "config_types", ())))
+        boot = boot_id or self.node.boot_id_file.read_text().strip()
+        preparer = Preparer(
+            driver=driver, pool=NODE,
+            checkpoint=Checkpoint(self.root / "state" / driver / "checkpoint.journal", boot),
+            store=SpecStore(self.cdi_dir, vendor(driver), CLASS),
+            claims=self.claims, owner_of=owners.get, backends=backends, log=get_logger("test"),
+        )
+        preparer.checkpoint.load()
+        self.preparers[driver] = preparer
+        return preparer
+
+    def devices(self, driver: str) -> list[str]:
+        return sorted(d.name for r in self.reports if r.driver == driver and r.inventory for d in r.inventory.devices)
+
+    async def close(self) -> None:
+        for preparer in self.preparers.values():
+            preparer.checkpoint.close()
+        await stop_all(self.plugins)
+
+
+async def prepare_env(node: SimulatedNode, root: Path, backends: tuple[str, ...] | None = None) -> PrepareEnv:
+    found, _ = find_plugins()
+    loaded, _ = load_plugins(found, backends)
+    host = Host(node.sysfs, node.dev, node.root, node.profile.name)
+    started, errors = await start_all(loaded, host, lambda name: {})
+    assert not errors, errors
+    reports = await discover_all(started, lambda driver: driver)
+    return PrepareEnv(node, root, FakeClaims(), reports, started)
