@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -134,7 +135,8 @@ def _parse(line: bytes) -> dict[str, Any]:
 
 
 class Checkpoint:
-    """The journal of one driver's claims and its in-memory view. Methods block: call them off the loop."""
+    """The journal of one driver's claims and its in-memory view. Methods block: call them off the loop, from
+    any number of threads (appends are committed in groups; one claim's records are ordered by its caller)."""
 
     def __init__(self, path: Path, boot_id: str) -> None:
         self.path = path
@@ -145,6 +147,13 @@ class Checkpoint:
         self._offset = 0
         self._inode = 0  # of the journal last read: a compaction by another instance replaces the file
         self._fd: int | None = None
+        # Group commit: lines queued by concurrent callers, how many were ever queued and made durable.
+        self._lock = threading.Condition()
+        self._queue: list[bytes] = []
+        self._queued = 0
+        self._durable = 0
+        self._writing = False
+        self._failed: dict[int, CheckpointError] = {}
 
     def load(self) -> None:
         """Replay the journal (creating an empty one if there is none)."""
@@ -224,24 +233,28 @@ class Checkpoint:
 
     def compact(self) -> None:
         """Rewrite the journal with only the live claims, atomically."""
-        tmp = self.path.with_suffix(".tmp")
-        data = b"".join(_line({"format": FORMAT, "op": "claim", "claim": c.to_json()}) for c in self.claims.values())
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with self._lock:
+            while self._writing or self._queue:
+                self._lock.wait()
+            tmp = self.path.with_suffix(".tmp")
+            data = b"".join(_line({"format": FORMAT, "op": "claim", "claim": c.to_json()})
+                            for c in list(self.claims.values()))
             try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            _fsync_dir(self.path.parent)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise CheckpointError(f"cannot compact {self.path}: {e.strerror or e}") from None
-        self.close()
-        self._records = len(self.claims)
-        self._offset = len(data)
-        self._inode = os.stat(self.path).st_ino
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.path)
+                _fsync_dir(self.path.parent)
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                raise CheckpointError(f"cannot compact {self.path}: {e.strerror or e}") from None
+            self.close()
+            self._records = len(self.claims)
+            self._offset = len(data)
+            self._inode = os.stat(self.path).st_ino
 
     def close(self) -> None:
         if self._fd is not None:
@@ -249,7 +262,38 @@ class Checkpoint:
             self._fd = None
 
     def _append(self, record: Mapping[str, Any]) -> None:
+        """Durably append one record. Concurrent callers commit as a group: whoever finds no write in progress
+        writes every queued line with one fdatasync, and the others wait for it."""
         line = _line(record)
+        with self._lock:
+            self._queue.append(line)
+            self._queued += 1
+            ticket = self._queued
+            while self._durable < ticket:
+                if self._writing:
+                    self._lock.wait()
+                    continue
+                batch, self._queue, upto = self._queue, [], self._queued
+                self._writing = True
+                self._lock.release()
+                error: CheckpointError | None = None
+                try:
+                    self._write(b"".join(batch), len(batch))
+                except CheckpointError as e:
+                    error = e
+                finally:
+                    self._lock.acquire()
+                    self._writing = False
+                    for waiting in range(upto - len(batch) + 1, upto + 1):
+                        if error is not None:
+                            self._failed[waiting] = error
+                    self._durable = upto
+                    self._lock.notify_all()
+            failure = self._failed.pop(ticket, None)
+            if failure is not None:
+                raise failure
+
+    def _write(self, data: bytes, count: int) -> None:
         try:
             if self._fd is not None and _inode(self.path) != os.fstat(self._fd).st_ino:
                 self.close()  # replaced by a compaction of another instance: append to the new file
@@ -259,15 +303,14 @@ class Checkpoint:
                 self._inode = os.fstat(self._fd).st_ino
                 if created:
                     _fsync_dir(self.path.parent)
-            os.write(self._fd, line)
+            os.write(self._fd, data)
             os.fdatasync(self._fd)
             size = os.fstat(self._fd).st_size
         except OSError as e:
             raise CheckpointError(f"cannot write {self.path}: {e.strerror or e}") from None
-        self._records += 1
-        if size == self._offset + len(line):
-            self._offset = size  # nothing else was appended: no need to read our own line back
-
+        self._records += count
+        if size == self._offset + len(data):
+            self._offset = size  # nothing else was appended: no need to read our own lines back
 
 
 def _inode(path: Path) -> int | None:

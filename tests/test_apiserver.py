@@ -83,8 +83,8 @@ def core(api: client.ApiClient) -> client.CoreV1Api:
 
 @pytest.fixture
 async def http(server: TestApiServer) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(server.url, headers=server.auth_headers) as session:
-        yield session
+    async with aiohttp.ClientSession(server.url, headers=server.auth_headers) as raw:
+        yield raw
 
 
 async def next_events(stream: watch.Watch, count: int) -> list[tuple[str, str]]:
@@ -340,12 +340,12 @@ async def test_history_is_bounded() -> None:
         first = small.resource_version
         for node in ("n2", "n3", "n4"):
             small.add_node(node)
-        async with aiohttp.ClientSession(small.url, headers=small.auth_headers) as session:
+        async with aiohttp.ClientSession(small.url, headers=small.auth_headers) as raw:
             params = {"watch": "true", "resourceVersion": first, "timeoutSeconds": "1"}
-            async with session.get("/api/v1/nodes", params=params) as response:
+            async with raw.get("/api/v1/nodes", params=params) as response:
                 assert json.loads(await response.content.readline())["object"]["code"] == 410
             params["resourceVersion"] = str(int(small.resource_version) - 2)
-            async with session.get("/api/v1/nodes", params=params) as response:
+            async with raw.get("/api/v1/nodes", params=params) as response:
                 replayed = [json.loads(line)["object"]["metadata"]["name"] async for line in response.content]
     assert replayed == ["n3", "n4"]
 
@@ -359,6 +359,32 @@ async def test_bookmarks_only_when_allowed(server: TestApiServer, http: aiohttp.
     assert events[-1]["object"]["metadata"]["resourceVersion"] == server.resource_version
     async with http.get("/api/v1/nodes", params=params) as response:
         assert [line async for line in response.content] == []
+
+
+async def test_initial_events_end_with_a_marked_bookmark(server: TestApiServer, http: aiohttp.ClientSession) -> None:
+    server.add_node("n1")
+    params = {"watch": "true", "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
+              "allowWatchBookmarks": "true", "timeoutSeconds": "5"}  # fmt: skip
+    async with http.get("/api/v1/nodes", params=params) as response:
+        added, bookmark = [json.loads(await response.content.readline()) for _ in range(2)]
+    assert (added["type"], added["object"]["metadata"]["name"]) == ("ADDED", "n1")
+    assert bookmark["type"] == "BOOKMARK"
+    assert bookmark["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+async def test_store_helpers_notify_watchers(server: TestApiServer, resources: client.ResourceV1Api) -> None:
+    # The client calls the resource.k8s.io/v1 claim model ResourceV1ResourceClaim (core/v1 has a ResourceClaim
+    # too), so Watch cannot derive it from V1ResourceClaimList and must be told.
+    async with watch.Watch(return_type="ResourceV1ResourceClaim") as w:
+        stream = w.stream(resources.list_namespaced_resource_claim, "default", resource_version=server.resource_version,
+                          timeout_seconds=10)  # fmt: skip
+        server.put_claim({"metadata": {"name": "c1"}, "spec": {}})
+        server.put_claim({"metadata": {"name": "c2", "namespace": "elsewhere"}, "spec": {}})
+        server.put_claim({"metadata": {"name": "c1"}, "spec": {}, "status": {"reservedFor": []}})
+        assert server.delete_object("resourceclaims", "c1", "default")
+        assert not server.delete_object("resourceclaims", "c1", "default")
+        events = await next_events(stream, 3)
+    assert events == [("ADDED", "c1"), ("MODIFIED", "c1"), ("DELETED", "c1")]
 
 
 async def test_bookmark_on_demand_through_the_client(server: TestApiServer, core: client.CoreV1Api) -> None:
@@ -411,6 +437,9 @@ async def test_claims(server: TestApiServer, resources: client.ResourceV1Api) ->
     assert [(c.metadata.namespace, c.metadata.name) for c in everywhere.items] == [("ns1", "given"), ("ns2", "made")]
     await resources.delete_namespaced_resource_claim("made", "ns2")
     assert [c["metadata"]["name"] for c in server.objects("resourceclaims")] == ["given"]
+    stored = server.get_object("resourceclaims", "given", "ns1")
+    assert stored is not None and stored["status"]["allocation"] == allocation
+    assert server.get_object("resourceclaims", "made", "ns2") is None
 
 
 async def test_device_classes(resources: client.ResourceV1Api) -> None:
@@ -542,7 +571,7 @@ async def test_standalone_module_serves_until_sigterm(scratch: Path) -> None:
         url = (await asyncio.wait_for(process.stdout.readline(), 20)).decode().strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url)
         assert yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"] == url
-        async with aiohttp.ClientSession() as session, session.get(f"{url}/version") as response:
+        async with aiohttp.ClientSession() as raw, raw.get(f"{url}/version") as response:
             assert (await response.json())["major"] == "1"
         api_client = await config.new_client_from_config(config_file=str(kubeconfig))
         async with api_client:

@@ -129,3 +129,34 @@ def test_boot_id(scratch: Path) -> None:
     assert cp.read_boot_id(scratch) == BOOT
     with pytest.raises(CheckpointError):
         cp.read_boot_id(scratch / "nope")
+
+
+def test_concurrent_appends_commit_in_groups(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    syncs = 0
+    real_sync = cp.os.fdatasync
+
+    def counting_sync(fd: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        real_sync(fd)
+
+    monkeypatch.setattr(cp.os, "fdatasync", counting_sync)
+    journal = reopened(scratch / "j")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: prepared(journal, n, device=f"gpu-{n}"), range(64)))
+    assert set(reopened(scratch / "j").claims) == {uid(n) for n in range(64)}
+    assert syncs <= 128, "never more than one fdatasync per record"
+
+
+def test_a_failed_write_fails_its_callers_only(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = reopened(scratch / "j")
+    prepared(journal, 1)
+    real_sync = cp.os.fdatasync
+    monkeypatch.setattr(cp.os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    with pytest.raises(CheckpointError, match="Input/output error"):
+        journal.start(uid(2), "ns", "claim-2", (("gpu-2", "nvidia-gpu"),))
+    monkeypatch.setattr(cp.os, "fdatasync", real_sync)
+    prepared(journal, 3)
+    assert {uid(1), uid(3)} <= set(reopened(scratch / "j").claims)

@@ -86,9 +86,11 @@ async def serve(
     versions: Sequence[str] = SUPPORTED_VERSIONS,
     endpoint: str | None = None,
 ) -> tuple[FakeDriver, str]:
-    """Serve registration on `reg_socket` and DRA on a socket next to the registry; returns the endpoint too."""
+    """Serve registration on `reg_socket` and DRA on a socket outside the registry; returns the endpoint too."""
     driver = FakeDriver()
-    dra_socket = reg_socket.parents[1] / f"{reg_socket.name}.dra"
+    registry = next(p for p in reg_socket.parents if p.name == "reg")
+    dra_socket = registry.parent / "dra" / "-".join(reg_socket.relative_to(registry).parts)
+    dra_socket.parent.mkdir(exist_ok=True)
     endpoint = str(dra_socket) if endpoint is None else endpoint
     server = grpc.aio.server()
     add_registration_service(server, PluginInfo(kind, name, endpoint, tuple(versions)), driver)
@@ -224,6 +226,22 @@ async def test_removing_the_registration_socket_deregisters(base: Path, servers:
         assert sim.plugins(DRIVER) == []
         with pytest.raises(KubeletError, match="not registered"):
             sim.plugin(DRIVER)
+
+
+async def test_a_socket_re_created_at_the_same_path_registers_anew(base: Path) -> None:
+    async with AsyncExitStack() as first, AsyncExitStack() as second, KubeletSimulator(base / "reg") as sim:
+        await serve(first, base / "reg" / "gpu-reg.sock")
+        old = await sim.wait_for_plugin(DRIVER, timeout=5)
+        await first.aclose()
+        (base / "reg" / "gpu-reg.sock").unlink(missing_ok=True)
+        driver, endpoint = await serve(second, base / "reg" / "gpu-reg.sock")  # same paths, new files
+        for _ in range(250):
+            if driver.statuses:
+                break
+            await asyncio.sleep(0.02)
+        assert driver.statuses == [(True, "")]  # not refused as "already registered"
+        (new,) = sim.plugins(DRIVER)
+        assert new is not old and new.endpoint == old.endpoint == endpoint
 
 
 async def test_refusals_are_retried_and_reported_on_timeout(base: Path, servers: AsyncExitStack) -> None:
@@ -373,4 +391,5 @@ async def test_raw_health_stream(base: Path, servers: AsyncExitStack) -> None:
     driver.reports.put_nowait(None)
     async with KubeletSimulator(base / "reg", health=False) as sim:
         plugin = await sim.register(base / "reg" / "gpu-reg.sock")
-        assert [reports async for reports in plugin.health()] == [[report]]
+        async with asyncio.timeout(5):
+            assert [reports async for reports in plugin.health()] == [[report]]

@@ -7,9 +7,11 @@ objects, fault injection and the request log. Run ``python -m agent.testing.apis
 PATH`` to serve it standalone until SIGINT or SIGTERM.
 
 Left out on purpose: namespaces as objects (any namespace exists), finalizers and graceful deletion,
-admission, feature-gated field dropping, managedFields and server-side apply, JSON patch, consistent
-snapshots behind list ``continue`` tokens and ``resourceVersion`` reads, conversion between the core/v1 and
-events.k8s.io/v1 Event APIs, and aggregated discovery.
+admission, feature-gated field dropping, Warning headers, managedFields and server-side apply, JSON patch
+and strategic-merge directives, ``fieldValidation``, validation of other kinds than ResourceSlice beyond
+their names, consistent snapshots behind list ``continue`` tokens and ``resourceVersion`` reads, closing
+watches that fall behind, conversion between the core/v1 and events.k8s.io/v1 Event APIs, and aggregated
+discovery.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import yaml
 from aiohttp import web
@@ -33,8 +35,16 @@ from aiohttp import web
 from agent.testing.apiserver_faults import Fault, FaultRules, Methods, PathPattern, QueryTest, RequestRecord
 from agent.testing.apiserver_faults import select_records as _select
 from agent.testing.apiserver_http import HttpFrontEnd
-from agent.testing.apiserver_resources import EVENTS, EVENTS_V1, NODES, RESOURCE_CLAIMS, JsonObject, resource_named
-from agent.testing.apiserver_store import Store
+from agent.testing.apiserver_resources import (
+    EVENTS,
+    EVENTS_V1,
+    NODES,
+    RESOURCE_CLAIMS,
+    ApiError,
+    JsonObject,
+    resource_named,
+)
+from agent.testing.apiserver_store import Store, json_copy
 
 __all__ = ["Fault", "RequestRecord", "TestApiServer", "main"]
 
@@ -180,10 +190,13 @@ class TestApiServer:
         """Copies of the stored objects of a type, by plural (``resourceslices``), ``plural.group`` or kind."""
         return self.store.objects(resource_named(kind))
 
-    def get_object(self, kind: str, name: str, namespace: str = "") -> JsonObject | None:
-        found = [o for o in self.objects(kind) if o["metadata"]["name"] == name
-                 and o["metadata"].get("namespace", "") == namespace]  # fmt: skip
-        return found[0] if found else None
+    def get_object(self, kind: str, name: str, namespace: str = "default") -> JsonObject | None:
+        """A copy of one stored object, or None (``namespace`` is ignored for cluster-scoped kinds)."""
+        rt = resource_named(kind)
+        try:
+            return json_copy(self.store.get(rt, namespace if rt.namespaced else "", name))
+        except ApiError:
+            return None
 
     def put_object(self, kind: str, obj: JsonObject) -> JsonObject:
         """Create or replace ``obj`` as given, status included and without validation; watchers see it."""
@@ -199,7 +212,7 @@ class TestApiServer:
                 "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
         return str(self.store.put(NODES, node)["metadata"]["uid"])
 
-    def delete_object(self, kind: str, name: str, namespace: str = "") -> bool:
+    def delete_object(self, kind: str, name: str, namespace: str = "default") -> bool:
         """Delete an object now (watchers get DELETED); False if there was none."""
         return self.store.remove(resource_named(kind), namespace, name)
 
@@ -229,10 +242,13 @@ class TestApiServer:
         query: QueryTest | None = None,
     ) -> Fault:
         """Answer the next ``times`` matching requests (None: all, until cleared) with ``status`` and a real
-        ``Status`` body; ``retry_after`` adds the Retry-After header (and ``details.retryAfterSeconds``).
+        ``Status`` body; ``retry_after`` adds the Retry-After header (and ``details.retryAfterSeconds``), which
+        a 429 always carries, 1 s unless given, as from the real server's priority and fairness.
 
         ``method`` is a method, several, or None/"*" for any; ``path`` a glob (``*`` crosses ``/``) or a
         compiled regex matched against the whole path; ``query`` a predicate on the query parameters."""
+        if status == 429 and retry_after is None:
+            retry_after = 1
         return self.faults.add(Fault(method, path, status, times=times, query=query, retry_after=retry_after,
                                      message=message))  # fmt: skip
 
@@ -261,6 +277,9 @@ class TestApiServer:
         for handler in server.connections if server is not None else ():
             if handler.transport is not None:
                 handler.transport.abort()
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         if seconds is not None:
             self._resume = asyncio.create_task(self._accept_after(seconds))
 
@@ -293,9 +312,12 @@ class TestApiServer:
         Times are ``time.monotonic()`` values."""
         return _select(self.requests, method, path, since=since, until=until, status=status)
 
-    def count_requests(self, *args: Any, **kwargs: Any) -> int:
+    def count_requests(
+        self, method: Methods = None, path: PathPattern = "*", *, since: float | None = None,
+        until: float | None = None, status: int | None = None,
+    ) -> int:  # fmt: skip
         """How many logged requests :meth:`find_requests` would return."""
-        return len(self.find_requests(*args, **kwargs))
+        return len(self.find_requests(method, path, since=since, until=until, status=status))
 
     def writes(self, kind: str = "resourceslices", *, since: float | None = None, until: float | None = None) -> int:
         """Create, update, patch and delete requests to a type (any namespace) in the window [since, until)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,12 +22,15 @@ from agent.testing.apiserver_faults import FaultRules, RequestRecord
 from agent.testing.apiserver_resources import (
     VERSION_INFO,
     ApiError,
+    JsonObject,
     ResourceType,
     discovery,
     resource_at,
 )
 from agent.testing.apiserver_selectors import Selector
 from agent.testing.apiserver_store import BOOKMARK, Store, Watch
+
+log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/version", "/healthz", "/livez", "/readyz"})
 _TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
@@ -117,6 +121,11 @@ class HttpFrontEnd:
             response = await self._serve(request, record)
         except ApiError as error:
             response = error_response(error)
+        except ConnectionError:
+            raise  # the client went away; aiohttp closes the connection
+        except Exception as error:  # a defect here: answer as the real server answers a panic, and say why
+            log.exception("test API server failed on %s %s", request.method, request.path_qs)
+            response = error_response(ApiError(500, f"Internal error occurred: {error!r}"))
         finally:
             record.duration = time.monotonic() - record.time
         record.status = record.status or response.status
@@ -197,7 +206,10 @@ class HttpFrontEnd:
 
     async def _watch(self, request: web.Request, record: RequestRecord, selector: Selector) -> web.StreamResponse:
         query = record.query
-        timeout = float(query.get("timeoutSeconds") or self.watch_timeout)
+        timeout_text = query.get("timeoutSeconds") or ""
+        if timeout_text and not timeout_text.isdigit():
+            raise ApiError(400, f"timeoutSeconds: Invalid value: {timeout_text!r}: must be a non-negative integer")
+        timeout = float(timeout_text) if timeout_text else self.watch_timeout
         bookmarks = _flag(query.get("allowWatchBookmarks"))
         initial = _flag(query["sendInitialEvents"]) if "sendInitialEvents" in query else None
         watch = self.store.watch(selector, query.get("resourceVersion", ""), initial=initial, bookmarks=bookmarks)
@@ -216,17 +228,20 @@ class HttpFrontEnd:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         next_bookmark = loop.time() + self.bookmark_interval
-        while (remaining := deadline - loop.time()) > 0:
-            if watch.bookmarks:
-                remaining = min(remaining, max(0.0, next_bookmark - loop.time()))
-            try:
-                item = await asyncio.wait_for(watch.queue.get(), remaining)
-            except TimeoutError:
-                if not watch.bookmarks or loop.time() < next_bookmark:
-                    continue
-                # The queue is empty here, so no event at or below this resourceVersion is still to come.
+        while (now := loop.time()) < deadline:
+            item: JsonObject | str
+            if not watch.queue.empty():
+                item = watch.queue.get_nowait()
+            elif watch.bookmarks and now >= next_bookmark:
+                # Nothing is queued, so no event at or below this resourceVersion is still to come.
                 item = {"type": BOOKMARK, "object": self.store.bookmark(watch.selector.rt)}
-                next_bookmark = loop.time() + self.bookmark_interval
+                next_bookmark = now + self.bookmark_interval
+            else:
+                wait = min(deadline, next_bookmark) - now if watch.bookmarks else deadline - now
+                try:
+                    item = await asyncio.wait_for(watch.queue.get(), wait)
+                except TimeoutError:
+                    continue
             if item == Watch.END:
                 break
             if item == Watch.RESET:

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from agent.api_names import SUBDOMAIN_MSG, is_dns_subdomain
 from agent.slice_rules import validate_resource_slice, validate_resource_slice_update
@@ -43,6 +43,7 @@ _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName al
 _SYSTEM_FIELDS = ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds")
 
 Key = tuple[str, str]  # (namespace or "", name)
+_T = TypeVar("_T")
 
 
 def now() -> str:
@@ -50,9 +51,9 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def json_copy(value: Any) -> Any:
+def json_copy(value: _T) -> _T:
     """A deep copy of JSON-shaped data (faster than copy.deepcopy for it)."""
-    return json.loads(json.dumps(value))
+    return cast(_T, json.loads(json.dumps(value)))
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -197,7 +198,7 @@ class Store:
                            f"version ({rt.api_version})")  # fmt: skip
         if kind and kind != rt.kind:
             raise ApiError(400, f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})")
-        if not isinstance(body.get("metadata", {}), dict):
+        if not isinstance(body.get("metadata") or {}, dict):
             raise ApiError(400, "metadata must be an object")
         obj: JsonObject = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
@@ -273,11 +274,12 @@ class Store:
                 obj.pop("status", None)
                 if "status" in old:
                     obj["status"] = old["status"]
+        if rt is RESOURCE_SLICES:
+            _default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
         if rt.tracks_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation") or 0) + 1
         errors: list[str] = []
         if rt is RESOURCE_SLICES:
-            _default_taint_times(obj)
             errors = validate_resource_slice_update(old, obj)
         elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
             errors = ["spec: field is immutable"]
@@ -335,8 +337,7 @@ class Store:
         meta.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"] if old else now())
         if rt.tracks_generation:
             meta.setdefault("generation", 1)
-        stored: JsonObject = json_copy(self._commit(rt, MODIFIED if old else ADDED, obj, old))
-        return stored
+        return json_copy(self._commit(rt, MODIFIED if old else ADDED, obj, old))
 
     def remove(self, rt: ResourceType, namespace: str, name: str) -> bool:
         old = self._objects[rt].get((namespace if rt.namespaced else "", name))

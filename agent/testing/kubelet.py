@@ -96,7 +96,7 @@ def _check_keys(method: str, claims: Sequence[ClaimRef], results: Mapping[str, o
 
 def _raise_first_error(method: str, claims: Sequence[ClaimRef], errors: Mapping[str, str]) -> None:
     for claim in claims:
-        if False:
+        if errors[claim.uid]:
             raise KubeletError(f"{method} failed for ResourceClaim {claim.name}: {errors[claim.uid]}")
 
 
@@ -192,7 +192,7 @@ class KubeletSimulator:
         self._in_flight: set[Path] = set()
         self._retrying: dict[Path, tuple[Identity, asyncio.Task[None]]] = {}
         self._health: dict[str, HealthView] = {}
-        self._tasks: set[asyncio.Task[None]] = set()  # registration retries and closing connections
+        self._tasks: set[asyncio.Task[None]] = set()  # watcher, registration retries, closing connections
         self._watcher: asyncio.Task[None] | None = None
         self._event = asyncio.Event()
 
@@ -297,7 +297,7 @@ class KubeletSimulator:
         """Start watching the registry directory (created if missing); existing sockets count as new."""
         if self._watcher is None:
             self.registry_dir.mkdir(parents=True, exist_ok=True)
-            self._watcher = asyncio.create_task(self._watch_registry())
+            self._watcher = self._spawn(self._watch_registry())
 
     async def wait_for_plugin(self, driver: str, *, timeout: float = 10.0, endpoint: str | None = None) -> Plugin:
         """Watch the registry until an instance of `driver` (at `endpoint`, if given) has been registered and told."""
@@ -425,11 +425,9 @@ class KubeletSimulator:
         """Stop watching, cancel retries and health streams, close every connection."""
         if self._watcher is not None:
             self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
             self._watcher = None
         for _, retry in self._retrying.values():
-            retry.cancel()  # while connections of deregistered plugins close to the end
+            retry.cancel()  # connections of deregistered plugins, though, close to the end
         await asyncio.gather(*self._tasks, return_exceptions=True)
         plugins = list(self._by_socket.values())
         self._plugins.clear()
