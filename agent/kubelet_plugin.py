@@ -76,9 +76,13 @@ class KubeletPlugin:
                        registration_socket=str(self.registration_socket))
 
     async def stop(self, grace: float) -> None:
-        """Deregister first (the kubelet stops sending new calls), then let in-flight calls finish."""
-        await self._registration.stop(0)
+        """Let in-flight calls finish (new ones are refused), then deregister.
+
+        In this order because deregistering makes the kubelet close its connection, which would cancel
+        the calls in flight.
+        """
         await self._dra.stop(grace)
+        await self._registration.stop(0)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
         return await self.preparer.prepare(claims)

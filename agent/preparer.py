@@ -200,14 +200,18 @@ class Preparer:
             for p in items
         )
         try:
-            await asyncio.to_thread(self.store.write, ref.uid, claim_spec(self.driver, ref.uid, records))
+            completed = await asyncio.to_thread(self._publish_spec, started, records)
         except Exception as e:
             await self._undo(ref, prepared, started)
             return ClaimResult(error=f"cannot write the CDI spec: {e}")
-        failpoint("prepare-after-cdi")
-        completed = await asyncio.to_thread(self.checkpoint.complete, started, records)
         failpoint("prepare-after-completed")
         return self._answer(completed)
+
+    def _publish_spec(self, started: ClaimRecord, records: tuple[DeviceRecord, ...]) -> ClaimRecord:
+        """Write the claim's CDI spec, then record it completed (one worker-thread hop for both)."""
+        self.store.write(started.uid, claim_spec(self.driver, started.uid, records))
+        failpoint("prepare-after-cdi")
+        return self.checkpoint.complete(started, records)
 
     def _conflict(self, ref: ClaimRef, plan: _Plan) -> str:
         shared = {a.device for _, allocated in plan.per_backend.values() for a in allocated if a.admin_access}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
@@ -194,14 +195,21 @@ def _is_required(f: Field[Any]) -> bool:
     return f.metadata.get("required", False) or (f.default is MISSING and f.default_factory is MISSING)
 
 
+@functools.cache
+def _layout(cls: type) -> tuple[tuple[str, str, bool], ...]:
+    """(attribute, JSON key, required) per field of a model class, computed once: specs are written on every
+    prepare, and working this out per object cost more than the rest of the encoding."""
+    return tuple((f.name, _camel(f.name), _is_required(f)) for f in fields(cls))
+
+
 def _encode(value: Any) -> Any:
     """JSON value of a model object; optional fields that are None or empty are left out."""
-    if is_dataclass(value):
+    if is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
-        for f in fields(value):
-            item = _encode(getattr(value, f.name))
-            if _is_required(f) or item not in (None, "", [], {}):
-                out[_camel(f.name)] = item
+        for name, key, required in _layout(type(value)):
+            item = _encode(getattr(value, name))
+            if required or item not in (None, "", [], {}):
+                out[key] = item
         return out
     if isinstance(value, tuple):
         return [_encode(item) for item in value]

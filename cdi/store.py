@@ -46,7 +46,7 @@ class SpecStore:
         if problems:
             raise CdiSpecError(f"refusing to write CDI spec {transient_id!r}: " + "; ".join(problems))
         target = self.path(transient_id)
-        data = spec.to_json().encode()
+        data = spec.to_json(indent=None).encode()  # compact: the C encoder, several times faster
         self._ensure_directory()  # /var/run/cdi is a tmpfs and may have been emptied
         fd, temp = tempfile.mkstemp(dir=self.directory, prefix=target.stem + ".", suffix=TEMP_SUFFIX)
         try:

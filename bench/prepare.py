@@ -1,0 +1,136 @@
+"""Benchmark: the kubelet's view of `dra-agent run` on a simulated dgx-h100 with 64 VFs per PF.
+
+The agent runs as its own process (`dra-agent run`, logging at info to a file), with its checkpoint on disk
+(durable appends, fdatasync) and its CDI directory in RAM (as /var/run/cdi is); the test API server and the
+kubelet simulator run in this process and talk to it over loopback HTTP and real unix sockets. Measures:
+
+1. start-up: process start → every driver registered with the kubelet and its slices in the API server;
+2. prepare latency of a 1-GPU claim (each followed by its unprepare), and the round trip of an empty request
+   on the same socket for comparison;
+3. 100 claims on distinct devices prepared concurrently (100 pods starting at once);
+4. the agent's RSS after start-up and after 1,000 and 2,000 prepare/unprepare cycles.
+
+    python bench/prepare.py [--cycles 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.testing.apiserver import TestApiServer
+from agent.testing.kubelet import KubeletSimulator, Plugin
+from bench.discover import profile_with_vfs
+from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
+
+GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: Path, kubeconfig: Path,
+                      run: int) -> tuple[AgentProcess, KubeletSimulator, dict[str, Plugin], float]:
+    root = memory / f"run{run}"
+    settings = settings_for(root, kubeconfig, str(profile)).model_copy(
+        update={"state_dir": disk / f"state{run}", "log_level": "info"})
+    agent = AgentProcess(settings)
+    kubelet = KubeletSimulator(settings.registry_dir)
+    started = time.perf_counter()
+    await agent.start()
+    plugins = {d: await kubelet.wait_for_plugin(d, timeout=30) for d in (GPU, NIC)}
+    await wait_until(lambda: {s["spec"]["driver"] for s in server.objects("resourceslices")} == {GPU, NIC}, 30,
+                     interval=0.005)
+    return agent, kubelet, plugins, time.perf_counter() - started
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=1000)
+    parser.add_argument("--starts", type=int, default=5)
+    args = parser.parse_args()
+    memory = Path(tempfile.mkdtemp(prefix="drab", dir="/dev/shm"))
+    disk = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir="/var/tmp"))
+    profile = profile_with_vfs(64, memory)
+    try:
+        async with TestApiServer() as server:
+            server.add_node(NODE)
+            kubeconfig = server.write_kubeconfig(memory / "kubeconfig")
+            startups = []
+            for run in range(args.starts):
+                for obj in server.objects("resourceslices"):
+                    server.delete_object("resourceslices", obj["metadata"]["name"])
+                agent, kubelet, _, seconds = await start_agent(server, memory, disk, profile, kubeconfig, run)
+                startups.append(seconds)
+                await kubelet.close()
+                await agent.stop()
+            agent, kubelet, plugins, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99)
+            assert agent.process is not None
+            pid = agent.process.pid
+            rss_start = rss_mb(pid)
+            slices = server.objects("resourceslices")
+            gpus = [d["name"] for s in slices if s["spec"]["driver"] == GPU for d in s["spec"].get("devices", [])]
+            vfs = [d["name"] for s in slices if s["spec"]["driver"] == NIC for d in s["spec"].get("devices", [])]
+
+            empty = []
+            for _ in range(300):
+                t = time.perf_counter()
+                await plugins[GPU].prepare([])
+                empty.append(time.perf_counter() - t)
+
+            claims = [allocate(server, f"gpu-{i}", [("gpu", GPU, gpus[i % len(gpus)])]) for i in range(8)]
+            latency, rss_at = [], {}
+            for cycle in range(2 * args.cycles):
+                ref = claims[cycle % len(claims)]
+                t = time.perf_counter()
+                await plugins[GPU].prepare_or_raise([ref])
+                latency.append(time.perf_counter() - t)
+                await plugins[GPU].unprepare_or_raise([ref])
+                if cycle + 1 in (args.cycles, 2 * args.cycles):
+                    rss_at[cycle + 1] = rss_mb(pid)
+
+            many = [allocate(server, f"vf-{i}", [("nic", NIC, vfs[i])]) for i in range(100)]
+            t = time.perf_counter()
+            results = await asyncio.gather(*(plugins[NIC].prepare_or_raise([ref]) for ref in many))
+            concurrent = time.perf_counter() - t
+            assert all(r[ref.uid].devices for r, ref in zip(results, many, strict=True))
+            await asyncio.gather(*(plugins[NIC].unprepare_or_raise([ref]) for ref in many))
+
+            await kubelet.close()
+            await agent.stop()
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)
+        shutil.rmtree(disk, ignore_errors=True)
+
+    ms = 1000
+    p50, p99 = percentile(latency, 0.5) * ms, percentile(latency, 0.99) * ms
+    e50 = percentile(empty, 0.5) * ms
+    print(f"start → registered and published (dgx-h100, 64 VFs/PF, {args.starts} starts): "
+          f"median {statistics.median(startups):.3f} s, max {max(startups):.3f} s")
+    print(f"empty NodePrepareResources round trip: p50 {e50:.2f} ms, p99 {percentile(empty, 0.99) * ms:.2f} ms")
+    print(f"1-GPU prepare ({len(latency)} calls): p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
+          f"mean {statistics.fmean(latency) * ms:.2f} ms; p50 = {p50 / e50:.1f} times the empty round trip")
+    print(f"100 concurrent claims on distinct VFs: all prepared in {concurrent:.3f} s")
+    print(f"agent RSS: {rss_start:.1f} MB after start-up, " +
+          ", ".join(f"{v:.1f} MB after {k} cycles" for k, v in rss_at.items()))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,133 @@
+"""Running the whole agent for tests: in this process, or as a `dra-agent run` process that can be killed.
+
+Both talk to a TestApiServer through a kubeconfig and serve the kubelet simulator over real unix sockets, on
+a simulated node kept in `root/node` so a restarted agent finds the same hardware.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.daemon import Agent
+from agent.host import open_host
+from agent.kube import KubeClient
+from agent.settings import Settings
+from agent.testing.apiserver import TestApiServer
+from backends.contract import ClaimRef
+
+NODE = "node-a"
+
+
+def settings_for(root: Path, kubeconfig: Path, profile: str, **extra: Any) -> Settings:
+    values: dict[str, Any] = {
+        "node_name": NODE, "simulate": profile, "sim_root": root / "node", "kubeconfig": kubeconfig,
+        "registry_dir": root / "reg", "plugins_dir": root / "plugins", "cdi_dir": root / "cdi",
+        "state_dir": root / "state", "log_level": "warning",
+    }
+    return Settings(**(values | extra))
+
+
+def flags_for(settings: Settings) -> list[str]:
+    """The command line that gives `dra-agent run` these settings."""
+    flags = ["--node-name", str(settings.node_name), "--simulate", str(settings.simulate),
+             "--sim-root", str(settings.sim_root), "--kubeconfig", str(settings.kubeconfig),
+             "--registry-dir", str(settings.registry_dir), "--plugins-dir", str(settings.plugins_dir),
+             "--cdi-dir", str(settings.cdi_dir), "--state-dir", str(settings.state_dir),
+             "--log-format", "json", "--log-level", settings.log_level]
+    if settings.pod_uid:
+        flags += ["--pod-uid", settings.pod_uid]
+    if settings.backends:
+        flags += ["--backends", ",".join(settings.backends)]
+    return flags
+
+
+def allocate(server: TestApiServer, name: str, results: list[tuple[str, str, str]],
+             configs: list[dict[str, Any]] | None = None, namespace: str = "default") -> ClaimRef:
+    """Store an allocated claim in the API server, as the scheduler would leave it; the kubelet's reference."""
+    uid = str(uuid.uuid4())
+    server.put_claim({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": d}} for r, d, _ in results]}},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": r, "driver": d, "pool": NODE, "device": dev} for r, d, dev in results],
+            "config": configs or [],
+        }}},
+    })
+    return ClaimRef(uid, namespace, name)
+
+
+@dataclass
+class InProcess:
+    agent: Agent
+    server: TestApiServer
+    settings: Settings
+
+
+@asynccontextmanager
+async def agent_in_process(root: Path, profile: str = "dgx-h100", **extra: Any) -> AsyncIterator[InProcess]:
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(TestApiServer())
+        server.add_node(NODE)
+        settings = settings_for(root, server.write_kubeconfig(root / "kubeconfig"), profile, **extra)
+        host = stack.enter_context(open_host(settings))
+        kube = await KubeClient.connect(settings.kubeconfig)
+        stack.push_async_callback(kube.close)
+        agent = Agent(settings, host, kube)
+        stack.push_async_callback(agent.stop)
+        await agent.start()
+        yield InProcess(agent, server, settings)
+
+
+class AgentProcess:
+    """`dra-agent run` as a child process."""
+
+    def __init__(self, settings: Settings, env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.env = {**os.environ, **(env or {})}
+        self.process: asyncio.subprocess.Process | None = None
+        self.log = Path(str(settings.state_dir) + ".log")
+
+    async def start(self) -> None:
+        self.settings.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log.open("ab")
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent", "run", *flags_for(self.settings), env=self.env,
+                stdout=log, stderr=log,
+            )
+        finally:
+            log.close()
+
+    async def signal(self, signum: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    async def wait(self, timeout: float = 15) -> int:
+        assert self.process is not None
+        async with asyncio.timeout(timeout):
+            return await self.process.wait()
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+async def wait_until(predicate: Any, timeout: float = 10, interval: float = 0.02) -> None:
+    """Poll a condition of the outside world (files, API objects) until it holds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - nothing to wait on: the condition is outside this process
+            await asyncio.sleep(interval)
