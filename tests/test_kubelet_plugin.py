@@ -151,3 +151,26 @@ def test_proxy_comes_from_the_environment_once(monkeypatch: pytest.MonkeyPatch) 
     assert _environment_proxy("https://10.0.0.1:6443") is None
     assert _environment_proxy("https://kubernetes.default.svc") is None
     assert _environment_proxy("http://127.0.0.1:8080") is None, "no HTTP_PROXY set"
+
+
+async def test_metrics_and_probes(scratch: Path) -> None:
+    import aiohttp
+
+    async with agent_in_process(scratch, "gke-g2-l4", metrics_address="127.0.0.1:0") as env:
+        server = env.agent._metrics_server
+        assert server is not None
+        base = f"http://127.0.0.1:{server.port}"
+        gpu = env.agent.drivers[GPU].pool.devices[0].name
+        ref = allocate(env.server, "train", [("gpu", GPU, gpu)])
+        async with KubeletSimulator(env.settings.registry_dir) as kubelet, aiohttp.ClientSession() as http:
+            plugin = await kubelet.wait_for_plugin(GPU)
+            await env.agent.drivers[GPU].published.wait()
+            await plugin.prepare_or_raise([ref])
+            async with http.get(f"{base}/healthz") as health, http.get(f"{base}/readyz") as ready:
+                assert (health.status, ready.status) == (200, 200)
+            async with http.get(f"{base}/metrics") as response:
+                text = await response.text()
+    assert 'dra_agent_node_requests_total{driver="gpu.nvidia.com",operation="prepare",outcome="ok"} 1.0' in text
+    assert 'dra_agent_prepared_claims{driver="gpu.nvidia.com"} 1.0' in text
+    assert 'dra_agent_published_devices{driver="gpu.nvidia.com"} 1.0' in text
+    assert "dra_agent_node_request_seconds_bucket" in text
