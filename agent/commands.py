@@ -6,14 +6,12 @@ Each returns an exit status: 0 when it did its job, even with warnings about sin
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from agent.host import Host, NodeNameError, open_host, resolve_node_name
-from agent.inventory import BackendReport, discover_all, merge_pools, start_all, stop_all
+from agent.host import NodeNameError, open_host, resolve_node_name
+from agent.inventory import Survey, merge_pools, stop_all, survey
 from agent.logs import get_logger
-from agent.plugins import FoundPlugin, LoadedPlugin, PluginFailure, find_plugins, load_plugins
 from agent.report import BackendRow, render_backends, render_slices
 from agent.settings import Settings
 from agent.slices import pool_slices
@@ -25,47 +23,20 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 @dataclass(frozen=True)
-class _Survey:
-    """One discovery pass over the node: what loaded, what failed, what each backend found."""
-
+class _NodeSurvey:
     node: str
-    found: list[FoundPlugin]
-    loaded: list[LoadedPlugin]
-    failures: list[PluginFailure]
-    start_errors: dict[str, str]
-    reports: list[BackendReport]
+    survey: Survey
 
 
-async def _survey(settings: Settings, host: Host) -> _Survey:
-    node = resolve_node_name(settings, host)
-    found, failures = find_plugins()
-    loaded, load_failures = load_plugins(found, settings.backends)
-    failures = failures + load_failures
-    log = get_logger("discovery")
-    for failure in failures:
-        log.warning("backend skipped", backend=failure.name, distribution=failure.distribution,
-                    reason=failure.message)
-    config_for: Callable[[str], dict[str, Any]] = lambda name: settings.backend_config.get(name, {})  # noqa: E731
-    started, start_errors = await start_all(loaded, host, config_for)
-    for name, error in start_errors.items():
-        log.warning("backend failed to start", backend=name, reason=error)
-    try:
-        reports = await discover_all(started, settings.driver_name)
-    finally:
-        await stop_all(started)
-    for report in reports:
-        if report.error:
-            log.warning("backend discovery failed", backend=report.name, reason=report.error)
-        for warning in report.inventory.warnings if report.inventory else ():
-            log.warning("device problem", backend=report.name, problem=warning)
-    return _Survey(node, found, loaded, failures, start_errors, reports)
-
-
-async def _survey_node(settings: Settings, err: TextIO) -> _Survey | None:
-    """Survey the real or simulated node; None (after saying why) when it cannot be opened."""
+async def _survey_node(settings: Settings, err: TextIO) -> _NodeSurvey | None:
+    """Survey the real or simulated node once, stopping its backends; None (after saying why) when it cannot
+    be opened."""
     try:
         with open_host(settings) as host:
-            return await _survey(settings, host)
+            node = resolve_node_name(settings, host)
+            found = await survey(settings, host)
+            await stop_all(found.started)
+            return _NodeSurvey(node, found)
     except (ProfileError, NodeNameError) as e:
         print(f"dra-agent: {e}", file=err)
         return None
@@ -73,9 +44,10 @@ async def _survey_node(settings: Settings, err: TextIO) -> _Survey | None:
 
 async def discover_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """Print the ResourceSlices the agent would publish for this node."""
-    survey = await _survey_node(settings, err)
-    if survey is None:
+    node_survey = await _survey_node(settings, err)
+    if node_survey is None:
         return EXIT_BAD_INPUT
+    node, survey = node_survey.node, node_survey.survey
     log = get_logger("discovery")
     slices: list[dict[str, Any]] = []
     for pool in merge_pools(survey.reports):
@@ -83,7 +55,7 @@ async def discover_command(settings: Settings, output: str, out: TextIO, err: Te
             log.warning("device conflict", driver=pool.driver, problem=problem)
         if not pool.devices and not pool.counter_sets:
             continue
-        published = pool_slices(pool.driver, survey.node, pool.devices, pool.counter_sets)
+        published = pool_slices(pool.driver, node, pool.devices, pool.counter_sets)
         for reason in published.rejected:
             log.error("device not publishable", driver=pool.driver, reason=reason)
         slices.extend(published.slices)
@@ -93,7 +65,7 @@ async def discover_command(settings: Settings, output: str, out: TextIO, err: Te
         return EXIT_FAILED
     if not slices:
         names = ", ".join(r.name for r in usable)
-        print(f"No supported devices found on node {survey.node} (backends: {names}).", file=err)
+        print(f"No supported devices found on node {node} (backends: {names}).", file=err)
     text = render_slices(slices, output)
     if text:
         print(text, file=out)
@@ -102,9 +74,10 @@ async def discover_command(settings: Settings, output: str, out: TextIO, err: Te
 
 async def backends_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """List installed backends with version, driver name and whether each found hardware."""
-    survey = await _survey_node(settings, err)
-    if survey is None:
+    node_survey = await _survey_node(settings, err)
+    if node_survey is None:
         return EXIT_BAD_INPUT
+    survey = node_survey.survey
     reports = {r.name: r for r in survey.reports}
     loaded = {p.found.name: p for p in survey.loaded}
     listed = {(p.name, p.distribution) for p in survey.found}

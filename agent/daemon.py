@@ -22,14 +22,14 @@ from agent.checkpoint import Checkpoint, CheckpointError, read_boot_id
 from agent.claim_cdi import CLASS, vendor
 from agent.health import HealthStream
 from agent.host import Host, NodeNameError, open_host, resolve_node_name
-from agent.inventory import BackendReport, Pool, discover_all, merge_pools, start_all, stop_all
+from agent.inventory import BackendReport, Pool, merge_pools, stop_all, survey
 from agent.kube import KubeClient, KubeError
 from agent.kubelet_plugin import KubeletPlugin
 from agent.locks import FileLock
 from agent.logs import get_logger
 from agent.metrics import Metrics, MetricsServer
 from agent.notify import Notifier
-from agent.plugins import LoadedPlugin, find_plugins, load_plugins
+from agent.plugins import LoadedPlugin
 from agent.preparer import Owner, Preparer
 from agent.publisher import Publisher
 from agent.server import SocketError
@@ -68,26 +68,18 @@ class Agent:
         self._plugins: list[LoadedPlugin] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: MetricsServer | None = None
+        self._started = False
+        self._announced = False
         self._log = get_logger("agent").bind(node=self.node)
 
     @property
     def ready(self) -> bool:
-        return bool(self.drivers) and all(d.published.is_set() for d in self.drivers.values())
+        """Started, every driver's sockets up and its slices published (trivially so without drivers)."""
+        return self._started and all(d.published.is_set() for d in self.drivers.values())
 
     async def start(self) -> None:
-        found, failures = find_plugins()
-        loaded, load_failures = load_plugins(found, self.settings.backends)
-        for failure in failures + load_failures:
-            self._log.warning("backend skipped", backend=failure.name, distribution=failure.distribution,
-                              reason=failure.message)
-        self._plugins, start_errors = await start_all(loaded, self.host,
-                                                      lambda n: self.settings.backend_config.get(n, {}))
-        for name, error in start_errors.items():
-            self._log.error("backend failed to start", backend=name, reason=error)
-        reports = await discover_all(self._plugins, self.settings.driver_name)
-        for report in reports:
-            for warning in report.inventory.warnings if report.inventory else (report.error,):
-                self._log.warning("device problem", backend=report.name, problem=warning)
+        found = await survey(self.settings, self.host)
+        self._plugins, reports = found.started, found.reports
         boot_id = read_boot_id(_proc(self.host))
         node_uid = await self._node_uid()
         publisher = Publisher(self.kube, self.node, node_uid, self._log)
@@ -96,12 +88,21 @@ class Agent:
                 continue  # nothing to offer and nothing to clean up: stay out of the kubelet's way
             driver = await self._serve(pool, reports, boot_id)
             self._tasks.append(asyncio.create_task(self._publish(publisher, driver), name=f"publish {pool.driver}"))
-        if not self.drivers:
-            self._log.warning("no devices to serve on this node")
         if self.settings.metrics_address:
             self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, lambda: self.ready)
             await self._metrics_server.start()
         self._tasks.append(asyncio.create_task(self.notifier.keep_alive(), name="watchdog"))
+        self._started = True
+        if not self.drivers:
+            self._log.warning("no devices to serve on this node")
+        self._announce_if_ready()
+
+    def _announce_if_ready(self) -> None:
+        """READY=1 for systemd, once: when started and every driver is published (whichever comes last)."""
+        if self.ready and not self._announced:
+            self._announced = True
+            self.notifier.ready(f"serving {len(self.drivers)} driver(s) on node {self.node}")
+            self._log.info("ready", drivers=sorted(self.drivers))
 
     async def _serve(self, pool: Pool, reports: Sequence[BackendReport], boot_id: str) -> _Driver:
         owners: dict[str, Owner] = {}
@@ -172,9 +173,7 @@ class Agent:
                 delay = min(delay * 2, _BACKOFF_MAX)
         self.metrics.published_devices.labels(pool.driver).set(desired.device_count)
         driver.published.set()
-        if self.ready:
-            self.notifier.ready(f"serving {len(self.drivers)} driver(s) on node {self.node}")
-            self._log.info("ready", drivers=sorted(self.drivers))
+        self._announce_if_ready()
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         self.notifier.stopping()

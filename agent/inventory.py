@@ -7,16 +7,18 @@ devices and counter sets form a single pool. A backend that fails is reported an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.host import Host
 from agent.logs import get_logger
-from agent.plugins import LoadedPlugin
+from agent.plugins import FoundPlugin, LoadedPlugin, PluginFailure, find_plugins, load_plugins
+from agent.settings import Settings
 from backends.contract import BackendContext, BackendError, CounterSet, Device, Inventory
 from backends.topology import TopologyReader
 
-__all__ = ["BackendReport", "Pool", "discover_all", "merge_pools", "start_all", "stop_all"]
+__all__ = ["BackendReport", "Pool", "Survey", "discover_all", "merge_pools", "start_all", "stop_all", "survey"]
 
 _START_TIMEOUT = 30.0
 _DISCOVER_TIMEOUT = 60.0
@@ -50,7 +52,7 @@ class Pool:
 async def start_all(
     plugins: Sequence[LoadedPlugin],
     host: Host,
-    config_for: Callable[[str], dict[str, object]],
+    config_for: Callable[[str], Mapping[str, Any]],
 ) -> tuple[list[LoadedPlugin], dict[str, str]]:
     """Start every backend; returns the started ones and an error message per backend that failed to start."""
     topology = TopologyReader(host.sysfs_root)
@@ -138,3 +140,43 @@ def merge_pools(reports: Sequence[BackendReport]) -> list[Pool]:
             problems=tuple(problems),
         ))
     return pools
+
+
+@dataclass(frozen=True)
+class Survey:
+    """One discovery pass over the node: what is installed, what loaded and started, what each backend found.
+
+    The started backends keep running: stop them with `stop_all(survey.started)`.
+    """
+
+    found: list[FoundPlugin]
+    loaded: list[LoadedPlugin]
+    failures: list[PluginFailure]
+    started: list[LoadedPlugin]
+    start_errors: dict[str, str]
+    reports: list[BackendReport]
+
+
+async def survey(settings: Settings, host: Host) -> Survey:
+    """Find, load and start the enabled backends and run their discovery; every problem is logged once."""
+    log = get_logger("discovery")
+    found, failures = find_plugins()
+    loaded, load_failures = load_plugins(found, settings.backends)
+    failures = failures + load_failures
+    for failure in failures:
+        log.warning("backend skipped", backend=failure.name, distribution=failure.distribution,
+                    reason=failure.message)
+    started, start_errors = await start_all(loaded, host, lambda name: settings.backend_config.get(name, {}))
+    for name, error in start_errors.items():
+        log.warning("backend failed to start", backend=name, reason=error)
+    try:
+        reports = await discover_all(started, settings.driver_name)
+    except BaseException:
+        await stop_all(started)
+        raise
+    for report in reports:
+        if report.error:
+            log.warning("backend discovery failed", backend=report.name, reason=report.error)
+        for warning in report.inventory.warnings if report.inventory else ():
+            log.warning("device problem", backend=report.name, problem=warning)
+    return Survey(found, loaded, failures, started, start_errors, reports)

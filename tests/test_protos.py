@@ -27,7 +27,8 @@ def test_stubs_are_generated_from_the_protos(scratch: Path) -> None:
     committed = sorted(p.name for p in PROTO.iterdir() if p.suffix in (".py", ".pyi") and p.name != "__init__.py")
     assert generated == committed
     for name in generated:
-        assert (copy / name).read_bytes() == (PROTO / name).read_bytes(), f"{name} is stale: run scripts/generate-protos"
+        stale = f"{name} is stale: run scripts/generate-protos"
+        assert (copy / name).read_bytes() == (PROTO / name).read_bytes(), stale
 
 
 def test_wire_names_and_field_numbers() -> None:

@@ -117,3 +117,18 @@ async def test_unreachable_api_server_at_start_is_reported(scratch: Path) -> Non
         assert "publishing slices failed; retrying" in agent.output()
     finally:
         await agent.stop()
+
+
+async def test_ready_without_devices(server: TestApiServer, scratch: Path) -> None:
+    notify = NotifySocket(scratch / "notify.sock")
+    settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "gke-g2-l4",
+                            backends=("tpu",))
+    agent = AgentProcess(settings, {"NOTIFY_SOCKET": str(notify.path)})
+    try:
+        await agent.start()
+        await notify.wait_for("READY=1")
+        assert "STATUS=serving 0 driver(s) on node node-a" in notify.messages[-1]
+        assert not settings.registry_dir.exists() or not list(settings.registry_dir.iterdir())
+    finally:
+        await agent.stop()
+        notify.close()
