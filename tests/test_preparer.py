@@ -249,3 +249,29 @@ async def test_tpu_environment_names_the_allocated_chips(sim_node: Callable[[str
 def test_device_record_round_trip() -> None:
     record = DeviceRecord(device="d", backend="b", requests=("r",), cdi_ids=("v/c=n",), restore={"x": [1, 2]})
     assert DeviceRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+
+
+async def test_without_driver_files_a_gpu_gets_device_nodes_only(sim_node: Callable[[str], SimulatedNode],
+                                                                scratch: Path) -> None:
+    import shutil
+
+    from structlog.testing import capture_logs
+
+    node = sim_node("gke-n1-t4x2")
+    shutil.rmtree(node.root / "usr")  # a host whose driver files are not where the agent looks
+    env = await prepare_env(node, scratch, ("nvidia-gpu",))
+    try:
+        preparer = env.preparer(GPU)
+        refs = [env.claims.add(f"c{i}", [("gpu", GPU, gpu)]) for i, gpu in enumerate(env.devices(GPU))]
+        with capture_logs() as logs:
+            for ref in refs:
+                assert (await preparer.prepare([ref]))[ref.uid].error == ""
+        for ref in refs:
+            spec = spec_json(env, GPU, ref.uid)
+            assert "mounts" not in spec["containerEdits"]
+            assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == [
+                "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        warnings = [e for e in logs if "no NVIDIA driver libraries" in e["event"]]
+        assert len(warnings) == 1, "said once, not per claim"
+    finally:
+        await env.close()
