@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.checkpoint import Checkpoint, CheckpointError, read_boot_id
 from agent.claim_cdi import CLASS, vendor
@@ -31,7 +31,7 @@ from agent.metrics import Metrics, MetricsServer
 from agent.notify import Notifier
 from agent.plugins import LoadedPlugin
 from agent.preparer import Owner, Preparer
-from agent.publisher import Publisher
+from agent.publisher import Features, Publisher
 from agent.server import SocketError
 from agent.settings import Settings
 from agent.slices import pool_slices
@@ -42,7 +42,6 @@ __all__ = ["Agent", "run"]
 
 STOP_GRACE = 6.0
 """Seconds in-flight kubelet calls get to finish at shutdown; the whole stop stays within 10 s."""
-_BACKOFF_MAX = 30.0
 
 
 @dataclass
@@ -65,6 +64,7 @@ class Agent:
         self.metrics = Metrics()
         self.node = resolve_node_name(settings, host)
         self.drivers: dict[str, _Driver] = {}
+        self.publisher = Publisher(kube, self.node, get_logger("publisher"), self.metrics)
         self._plugins: list[LoadedPlugin] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: MetricsServer | None = None
@@ -81,13 +81,11 @@ class Agent:
         found = await survey(self.settings, self.host)
         self._plugins, reports = found.started, found.reports
         boot_id = read_boot_id(_proc(self.host))
-        node_uid = await self._node_uid()
-        publisher = Publisher(self.kube, self.node, node_uid, self._log)
         for pool in merge_pools(reports):
             if not pool.devices and not _has_state(self.settings.state_dir / pool.driver):
                 continue  # nothing to offer and nothing to clean up: stay out of the kubelet's way
             driver = await self._serve(pool, reports, boot_id)
-            self._tasks.append(asyncio.create_task(self._publish(publisher, driver), name=f"publish {pool.driver}"))
+            self._publish(driver)
         if self.settings.metrics_address:
             self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, lambda: self.ready)
             await self._metrics_server.start()
@@ -145,38 +143,31 @@ class Agent:
         self.drivers[pool.driver] = driver
         return driver
 
-    async def _node_uid(self) -> str | None:
-        try:
-            return await self.kube.get_node_uid(self.node)
-        except KubeError as e:
-            # Without the Node's UID the slices get no owner: they are not garbage-collected with the Node.
-            self._log.warning("cannot read the Node; slices are published without an owner", error=str(e))
-            self.metrics.api_errors.labels("get node").inc()
-            return None
-
-    async def _publish(self, publisher: Publisher, driver: _Driver) -> None:
-        """Publish the driver's pool, retrying with exponential backoff and jitter until it is accepted."""
+    def _publish(self, driver: _Driver) -> None:
+        """Hand the driver's pool to the publisher; READY once every pool is published."""
         pool = driver.pool
-        desired = pool_slices(pool.driver, self.node, pool.devices, pool.counter_sets)
-        for reason in desired.rejected:
-            self._log.error("device not publishable", driver=pool.driver, reason=reason)
-        delay = 0.5
-        while True:
-            try:
-                await publisher.publish(pool.driver, desired.slices)
-                break
-            except KubeError as e:
-                self.metrics.api_errors.labels("publish").inc()
-                self._log.warning("publishing slices failed; retrying", driver=pool.driver, error=str(e),
-                                  retry_in=round(delay, 1))
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, _BACKOFF_MAX)
-        self.metrics.published_devices.labels(pool.driver).set(desired.device_count)
-        driver.published.set()
-        self._announce_if_ready()
+        reported: set[str] = set()
+
+        def build(features: Features) -> Sequence[Mapping[str, Any]]:
+            desired = pool_slices(pool.driver, self.node, pool.devices, pool.counter_sets,
+                                  taints_supported=features.taints, counters_supported=features.counters)
+            for reason in sorted(set(desired.rejected) - reported):
+                reported.add(reason)
+                self._log.error("device not publishable", driver=pool.driver, reason=reason)
+            return desired.slices
+
+        published = self.publisher.publish(pool.driver, build)
+
+        async def announce() -> None:
+            await published.wait()
+            driver.published.set()
+            self._announce_if_ready()
+
+        self._tasks.append(asyncio.create_task(announce(), name=f"announce {pool.driver}"))
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         self.notifier.stopping()
+        await self.publisher.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

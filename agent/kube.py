@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 from urllib.request import getproxies_environment, proxy_bypass
 
+import aiohttp
 from kubernetes.aio import client, config
 
 __all__ = ["KubeClient", "KubeError"]
@@ -113,11 +114,44 @@ class KubeClient:
 
     async def list_slices(self, node: str, driver: str) -> list[dict[str, Any]]:
         """This node's slices of one driver."""
-        selector = f"spec.nodeName={node},spec.driver={driver}"
-        listed = await self.request("GET", _SLICES, query=[("fieldSelector", selector)],
+        return (await self.list_slices_versioned(node, driver))[0]
+
+    async def list_slices_versioned(self, node: str, driver: str) -> tuple[list[dict[str, Any]], str]:
+        """This node's slices of one driver, and the list's resourceVersion to watch from."""
+        listed = await self.request("GET", _SLICES, query=[("fieldSelector", _slice_selector(node, driver))],
                                     what=f"list resourceslices of {driver} on {node}")
-        items: list[dict[str, Any]] = listed.get("items", [])
-        return items
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items, str(listed.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch_slices(
+        self, node: str, driver: str, resource_version: str, timeout: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Watch events of this node's slices of one driver after `resource_version`, for about `timeout`
+        seconds (the server ends the watch then); BOOKMARK events carry the latest resourceVersion."""
+        query = [("fieldSelector", _slice_selector(node, driver)), ("watch", "true"),
+                 ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(timeout))]
+        what = f"watch resourceslices of {driver} on {node}"
+        try:
+            method, url, headers, _, _ = await self.api.param_serialize(
+                method="GET", resource_path=_SLICES, query_params=query, header_params={"Accept": _JSON},
+                auth_settings=["BearerToken"],
+            )
+            response = await self.api.call_api(method, url, header_params=headers, _preload_content=False,
+                                               _request_timeout=timeout + 30)
+        except Exception as e:
+            raise KubeError(f"{what}: {type(e).__name__}: {e}") from None
+        if response.status != 200:
+            message, reason = _status_message(await response.read())
+            raise KubeError(f"{what}: {message or response.reason}", response.status, reason)
+        try:
+            async for line in response.response.content:
+                if line.strip():
+                    yield json.loads(line)
+        except (aiohttp.ClientError, ValueError, OSError, TimeoutError) as e:  # a cut connection, a torn event
+            raise KubeError(f"{what}: stream ended: {type(e).__name__}: {e}") from None
+        finally:
+            response.response.release()
 
     async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = await self.request("POST", _SLICES, body=body, what="create resourceslice")
@@ -128,12 +162,19 @@ class KubeClient:
                                                       what=f"replace resourceslice {name}")
         return replaced
 
-    async def delete_slice(self, name: str) -> None:
+    async def delete_slice(self, name: str, uid: str | None = None, resource_version: str | None = None) -> None:
+        """Delete a slice; with uid and resourceVersion only that very version of it (409 otherwise)."""
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions} if preconditions else None
         try:
-            await self.request("DELETE", f"{_SLICES}/{quote(name)}", what=f"delete resourceslice {name}")
+            await self.request("DELETE", f"{_SLICES}/{quote(name)}", body=body, what=f"delete resourceslice {name}")
         except KubeError as e:
             if e.status != 404:
                 raise
+
+
+def _slice_selector(node: str, driver: str) -> str:
+    return f"spec.nodeName={node},spec.driver={driver}"
 
 
 def _environment_proxy(url: str) -> str | None:

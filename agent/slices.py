@@ -8,10 +8,11 @@ A device the API server would reject is left out, with the reason, instead of fa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.api_names import is_label_value
 from agent.quantity import format_quantity
 from agent.slice_rules import (
     MAX_COUNTER_SETS,
@@ -21,7 +22,16 @@ from agent.slice_rules import (
 )
 from backends.contract import AttributeValue, CounterSet, Device, Version
 
-__all__ = ["API_VERSION", "MANAGED_BY", "PoolSlices", "device_body", "pool_slices"]
+__all__ = [
+    "API_VERSION",
+    "MANAGED_BY",
+    "PoolSlices",
+    "device_body",
+    "pool_slices",
+    "slice_index",
+    "slice_labels",
+    "slice_name_prefix",
+]
 
 API_VERSION = "resource.k8s.io/v1"
 MANAGED_BY = "dra-agent"
@@ -100,14 +110,32 @@ def pool_slices(
     devices: Sequence[Device],
     counter_sets: Sequence[CounterSet] = (),
     *,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    taints_supported: bool = True,
+    counters_supported: bool = True,
     generation: int = 0,
 ) -> PoolSlices:
-    """Every ResourceSlice of the pool `node_name` of `driver`, in publishing order."""
+    """Every ResourceSlice of the pool `node_name` of `driver`, in publishing order.
+
+    `taints` maps device names to their DRA device taints. Where the cluster drops taints (its DRADeviceTaints
+    gate is off), `taints_supported` False leaves a tainted device out instead: not offered beats offered as
+    healthy. Where it drops counters (DRAPartitionableDevices off), `counters_supported` False leaves out the
+    counter sets and the devices that consume them: without counters the scheduler could hand out
+    overlapping partitions.
+    """
     rejected: list[str] = []
     bodies: list[dict[str, Any]] = []
     for device in sorted(devices, key=lambda d: d.name):
+        device_taints = (taints or {}).get(device.name, ())
+        if device.consumes_counters and not counters_supported:
+            rejected.append(f"{device.name}: consumes counters, and this cluster cannot publish counters; left out")
+            continue
+        if device_taints and not taints_supported:
+            rejected.append(f"{device.name}: tainted ({', '.join(t['key'] for t in device_taints)}), and this "
+                            "cluster cannot publish taints; left out until it recovers")
+            continue
         try:
-            body = device_body(device)
+            body = device_body(device, [dict(t) for t in device_taints])
         except ValueError as e:
             rejected.append(f"{device.name}: {e}")
             continue
@@ -116,7 +144,8 @@ def pool_slices(
             rejected.append(f"{device.name}: " + "; ".join(errors))
             continue
         bodies.append(body)
-    counter_bodies = [_counter_set_body(c) for c in sorted(counter_sets, key=lambda c: c.name)]
+    counter_bodies = [_counter_set_body(c) for c in sorted(counter_sets, key=lambda c: c.name)
+                      if counters_supported]
     specs: list[dict[str, Any]] = [
         {"sharedCounters": counter_bodies[i : i + MAX_COUNTER_SETS]}
         for i in range(0, len(counter_bodies), MAX_COUNTER_SETS)
@@ -124,14 +153,12 @@ def pool_slices(
     specs.extend({"devices": chunk} for chunk in _chunks(bodies))
     if not specs:
         specs.append({})  # an empty pool still gets one slice, so the pool is seen as present
+    labels = slice_labels(driver, node_name)
     slices = tuple(
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": {
-                "generateName": f"{node_name}-{driver}-",
-                "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
-            },
+            "metadata": {"generateName": slice_name_prefix(index, driver, node_name), "labels": dict(labels)},
             "spec": {
                 "driver": driver,
                 "nodeName": node_name,
@@ -139,6 +166,32 @@ def pool_slices(
                 **content,
             },
         }
-        for content in specs
+        for index, content in enumerate(specs)
     )
     return PoolSlices(driver, slices, tuple(rejected))
+
+
+def slice_name_prefix(index: int, driver: str, node_name: str) -> str:
+    """`generateName` of the pool's slice at `index`: `<index, 5+ hex digits>-<driver>-<node>-`.
+
+    The index comes first so it survives the server cutting long prefixes to 58 characters, and so the slices
+    sort by name in publishing order (the scheduler tries slices in name order). The server appends 5 random
+    characters; the publisher matches existing slices to desired ones by this index.
+    """
+    return f"{index:05x}-{driver}-{node_name}-"
+
+
+def slice_index(name: str) -> int | None:
+    """The index a slice's name starts with, or None for a name this scheme did not make."""
+    head, sep, _ = name.partition("-")
+    if not sep or len(head) < 5 or any(c not in "0123456789abcdef" for c in head):
+        return None
+    return int(head, 16)
+
+
+def slice_labels(driver: str, node_name: str) -> dict[str, str]:
+    """Labels that say who publishes a slice (the node's only when it fits a label value)."""
+    labels = {"app.kubernetes.io/managed-by": MANAGED_BY, "dra-agent.io/driver": driver}
+    if is_label_value(node_name):
+        labels["dra-agent.io/node"] = node_name
+    return labels

@@ -8,7 +8,7 @@ import pytest
 
 from agent.inventory import BackendReport, merge_pools
 from agent.plugins import FoundPlugin, LoadedPlugin
-from agent.slices import device_body, pool_slices
+from agent.slices import device_body, pool_slices, slice_index
 from backends.contract import CounterConsumption, CounterSet, Device, Inventory, Version
 from backends.topology import PciTopology
 from tests.slice_checks import assert_valid_slices
@@ -119,7 +119,32 @@ def test_generation_and_metadata() -> None:
     assert obj["apiVersion"] == "resource.k8s.io/v1" and obj["kind"] == "ResourceSlice"
     assert obj["spec"]["pool"] == {"name": "node-a", "generation": 7, "resourceSliceCount": 1}
     assert obj["spec"]["nodeName"] == "node-a" and obj["spec"]["driver"] == "gpu.example.com"
-    assert obj["metadata"]["generateName"] == "node-a-gpu.example.com-"
+    assert obj["metadata"]["generateName"] == "00000-gpu.example.com-node-a-"
+    assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "dra-agent",
+                                         "dra-agent.io/driver": "gpu.example.com", "dra-agent.io/node": "node-a"}
+
+
+def test_slice_names_carry_their_index_first() -> None:
+    result = pool_slices("gpu.example.com", "node-a", gpus(300))
+    prefixes = [s["metadata"]["generateName"] for s in result.slices]
+    assert prefixes == ["00000-gpu.example.com-node-a-", "00001-gpu.example.com-node-a-",
+                        "00002-gpu.example.com-node-a-"]
+    assert [slice_index(p + "x7k2p") for p in prefixes] == [0, 1, 2]
+    assert slice_index("node-a-gpu.example.com-x7k2p") is None
+    assert slice_index("0000g-a") is None and slice_index("000a") is None
+    long_node = "a" * 40 + "." + "b" * 40  # a valid node name, too long for a label value
+    assert "dra-agent.io/node" not in pool_slices("gpu.example.com", long_node, []).slices[0]["metadata"]["labels"]
+
+
+def test_taints_and_the_fallback_when_the_cluster_drops_them() -> None:
+    taint = {"key": "gpu.example.com/xid", "value": "79", "effect": "NoSchedule"}
+    with_taints = pool_slices("gpu.example.com", "node-a", gpus(3), taints={"dev-0001": [taint]})
+    devices = with_taints.slices[0]["spec"]["devices"]
+    assert [d.get("taints") for d in devices] == [None, [taint], None]
+    assert_valid_slices(with_taints.slices)
+    fallback = pool_slices("gpu.example.com", "node-a", gpus(3), taints={"dev-0001": [taint]}, taints_supported=False)
+    assert [d["name"] for d in fallback.slices[0]["spec"]["devices"]] == ["dev-0000", "dev-0002"]
+    assert "dev-0001: tainted (gpu.example.com/xid)" in fallback.rejected[0]
 
 
 def _report(name: str, driver: str, devices: list[Device]) -> BackendReport:

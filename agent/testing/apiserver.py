@@ -24,7 +24,7 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -70,9 +70,10 @@ class TestApiServer:
         history_size: int = 10_000,
         bookmark_interval: float = 60.0,
         watch_timeout: float = 1800.0,
+        disabled_gates: Iterable[str] = (),
     ) -> None:
         self.host, self.token = host, token
-        self.store = Store(history_size)
+        self.store = Store(history_size, disabled_gates)
         self.faults = FaultRules()
         self.requests: list[RequestRecord] = []
         self._port = port

@@ -15,7 +15,7 @@ import json
 import secrets
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -83,6 +83,38 @@ def _with_version(obj: JsonObject, rv: int) -> JsonObject:
     return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
 
 
+_GATED_DEVICE_FIELDS = {
+    "DRADeviceTaints": ("taints",),
+    "DRAPartitionableDevices": ("consumesCounters", "nodeName", "nodeSelector", "allNodes"),
+}
+_GATED_SPEC_FIELDS = {"DRAPartitionableDevices": ("sharedCounters", "perDeviceNodeSelection")}
+
+
+def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[str]) -> None:
+    """What the real server does with the fields of a feature gate that is off: drop them silently, unless the
+    stored object already used them (then an update keeps them)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    old_spec = (old or {}).get("spec") or {}
+
+    def used(fields: tuple[str, ...], device_fields: tuple[str, ...]) -> bool:
+        return any(old_spec.get(f) is not None for f in fields) or any(
+            isinstance(d, dict) and any(d.get(f) is not None for f in device_fields)
+            for d in old_spec.get("devices") or ())
+
+    for gate in disabled:
+        spec_fields, device_fields = _GATED_SPEC_FIELDS.get(gate, ()), _GATED_DEVICE_FIELDS.get(gate, ())
+        if used(spec_fields, device_fields):
+            continue
+        for name in spec_fields:
+            spec.pop(name, None)
+        for device in spec.get("devices") or ():
+            for name in device_fields:
+                if isinstance(device, dict):
+                    device.pop(name, None)
+
+
 def _default_taint_times(obj: JsonObject) -> None:
     """Defaulting of ResourceSlice taints: a missing ``timeAdded`` becomes now, cut to seconds (T4)."""
     devices = (obj.get("spec") or {}).get("devices") if isinstance(obj.get("spec"), dict) else None
@@ -138,8 +170,9 @@ class Watch:
 class Store:
     """All objects of all served types under one resourceVersion counter, with a bounded change history."""
 
-    def __init__(self, history_size: int = 10_000) -> None:
+    def __init__(self, history_size: int = 10_000, disabled_gates: Iterable[str] = ()) -> None:
         self._objects: dict[ResourceType, dict[Key, JsonObject]] = {rt: {} for rt in RESOURCES}
+        self.disabled_gates = set(disabled_gates)  # feature gates off: their ResourceSlice fields are dropped
         self._rv = 1
         self._history: deque[Change] = deque()
         self._history_size = history_size
@@ -228,6 +261,7 @@ class Store:
         if rt is RESOURCE_CLAIMS:
             obj.pop("status", None)  # status is written through /status only
         if rt is RESOURCE_SLICES:
+            drop_disabled_fields(obj, None, self.disabled_gates)
             _default_taint_times(obj)
             errors = validate_resource_slice(obj)
         else:
@@ -275,6 +309,7 @@ class Store:
                 if "status" in old:
                     obj["status"] = old["status"]
         if rt is RESOURCE_SLICES:
+            drop_disabled_fields(obj, old, self.disabled_gates)
             _default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
         if rt.tracks_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation") or 0) + 1
