@@ -146,15 +146,16 @@ class Agent:
     def _publish(self, driver: _Driver) -> None:
         """Hand the driver's pool to the publisher; READY once every pool is published."""
         pool = driver.pool
-        reported: set[str] = set()
+        built: dict[Features, Sequence[Mapping[str, Any]]] = {}  # the pool is fixed: build once per feature set
 
         def build(features: Features) -> Sequence[Mapping[str, Any]]:
-            desired = pool_slices(pool.driver, self.node, pool.devices, pool.counter_sets,
-                                  taints_supported=features.taints, counters_supported=features.counters)
-            for reason in sorted(set(desired.rejected) - reported):
-                reported.add(reason)
-                self._log.error("device not publishable", driver=pool.driver, reason=reason)
-            return desired.slices
+            if features not in built:
+                desired = pool_slices(pool.driver, self.node, pool.devices, pool.counter_sets,
+                                      taints_supported=features.taints, counters_supported=features.counters)
+                for reason in desired.rejected:
+                    self._log.error("device not publishable", driver=pool.driver, reason=reason)
+                built[features] = desired.slices
+            return built[features]
 
         published = self.publisher.publish(pool.driver, build)
 

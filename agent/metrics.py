@@ -1,7 +1,7 @@
 """Prometheus metrics and the HTTP endpoint that serves them with liveness and readiness probes.
 
-`/metrics` (Prometheus text format), `/healthz` (the event loop answers), `/readyz` (every driver is
-registered with the kubelet and its slices are published).
+`/metrics` (Prometheus text format), `/healthz` (the event loop answers), `/readyz` (start-up is done: every
+driver's sockets are up and its slices are published; whether the kubelet has registered them is up to it).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +28,10 @@ __all__ = ["Features", "Publisher"]
 
 BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
+OWNER_RETRY = 30.0  # seconds between reads of a Node that could not be read
 SYNC_DELAY = 0.05  # coalesce a burst of watch events (e.g. a collection delete) into one sync
 WATCH_SECONDS = (300, 360)  # a renewal every ~5.5 min: about 11 requests an hour per pool at idle
-_BURST_SYNCS, _BURST_SECONDS = 10, 10.0  # more syncs that write than this, this quickly, means a fight
+_BURST_SYNCS, _BURST_SECONDS = 10, 10.0  # this many syncs that wrote, this quickly, means a fight
 
 # Fields the API server drops when a feature gate is off, with the gate to name in the message.
 _GATED = {"taints": "DRADeviceTaints", "consumesCounters": "DRAPartitionableDevices",
@@ -70,6 +72,7 @@ class Publisher:
         self._metrics = metrics
         self._node_uid = node_uid
         self._pools: dict[str, _Pool] = {}
+        self._owner_lookup: asyncio.Task[str | None] | None = None
         self.features = Features()
         self._reported: set[str] = set()
         self.writes = 0
@@ -79,6 +82,7 @@ class Publisher:
         """Keep the driver's pool as `build(features)` says, from now on; the event is set once it is."""
         pool = self._pools.get(driver)
         if pool is None:
+            self._look_up_owner()  # while the first list runs
             pool = self._pools[driver] = _Pool(driver, build)
             pool.tasks = [asyncio.create_task(self._watch(pool), name=f"watch slices {driver}"),
                           asyncio.create_task(self._sync_loop(pool), name=f"sync slices {driver}")]
@@ -91,7 +95,9 @@ class Publisher:
         return self._pools[driver].published
 
     async def stop(self) -> None:
-        tasks = [t for p in self._pools.values() for t in p.tasks]
+        tasks: list[asyncio.Task[Any]] = [t for p in self._pools.values() for t in p.tasks]
+        if self._owner_lookup is not None:
+            tasks.append(self._owner_lookup)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -187,6 +193,8 @@ class Publisher:
     async def _sync(self, pool: _Pool) -> None:
         desired = pool.build(self.features)
         owner = await self._owner()
+        if not owner:  # publish now, and add the owner once the Node can be read
+            asyncio.get_running_loop().call_later(_jittered(OWNER_RETRY), pool.dirty.set)
         plan = plan_pool(desired, list(pool.cache.values()), owner)
         if plan.writes:
             self._log.info("publishing slices", driver=pool.driver, generation=plan.generation,
@@ -197,12 +205,19 @@ class Publisher:
             await self._kube.delete_slice(meta["name"], meta.get("uid"), meta.get("resourceVersion"))
             pool.cache.pop(meta["name"], None)
             self.writes += 1
-        for body in plan.updates:
-            stored = await self._kube.replace_slice(body["metadata"]["name"], body)
-            self._stored(pool, body, stored)
-        for body in plan.creates:
-            stored = await self._kube.create_slice(body)
-            self._stored(pool, body, stored)
+        # Updates, then creates, each group in parallel: readers ignore slices of an older generation and wait
+        # for the pool to be complete, so the order within a group does not matter.
+        for group, write in ((plan.updates, lambda b: self._kube.replace_slice(b["metadata"]["name"], b)),
+                             (plan.creates, self._kube.create_slice)):
+            results = await asyncio.gather(*(_explained(write(b), b) for b in group), return_exceptions=True)
+            for body, result in zip(group, results, strict=True):
+                if not isinstance(result, BaseException):
+                    self._stored(pool, body, result)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        if plan.writes:
+            pool.recent_writes.append(asyncio.get_running_loop().time())
         if self._metrics is not None:
             self._metrics.published_devices.labels(pool.driver).set(
                 sum(len(s["spec"].get("devices") or ()) for s in desired))
@@ -210,10 +225,11 @@ class Publisher:
 
     async def _pace(self, pool: _Pool) -> None:
         """Slow down when the pool is rewritten again and again: something (a server default, another writer
-        fighting over the slices) changes what we write, and a hot loop would load the API server."""
+        fighting over the slices) changes what we wrote, and a hot loop would load the API server. Only syncs
+        whose writes all landed count: failed ones have their own backoff."""
         now = asyncio.get_running_loop().time()
-        pool.recent_writes = [t for t in pool.recent_writes if now - t < _BURST_SECONDS] + [now]
-        if len(pool.recent_writes) > _BURST_SYNCS:
+        pool.recent_writes = [t for t in pool.recent_writes if now - t < _BURST_SECONDS]
+        if len(pool.recent_writes) >= _BURST_SYNCS:
             self._log.error("slices keep changing after being written; slowing down", driver=pool.driver,
                             syncs=len(pool.recent_writes), seconds=_BURST_SECONDS)
             await asyncio.sleep(_jittered(BACKOFF_MAX))
@@ -241,17 +257,32 @@ class Publisher:
                 pool.dirty.set()
 
     async def _owner(self) -> list[dict[str, Any]]:
-        """The Node as controlling owner, so the slices go when the Node goes."""
+        """The Node as controlling owner, so the slices go when the Node goes; none while it cannot be read."""
         if self._node_uid is None:
-            try:
-                self._node_uid = await self._kube.get_node_uid(self._node)
-            except KubeError as e:
-                if "node-owner" not in self._reported:
-                    self._reported.add("node-owner")
-                    self._log.warning("cannot read the Node; slices are published without an owner for now",
-                                      error=str(e))
+            # Shielded: the lookup is shared by the pools, and one pool's sync being cancelled must not end it.
+            self._node_uid = await asyncio.shield(self._look_up_owner())
+            if self._node_uid is None:
                 return []
         return [{"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": self._node_uid, "controller": True}]
+
+    def _look_up_owner(self) -> asyncio.Task[str | None]:
+        """The one running lookup of the Node's uid; a new one after a lookup that failed."""
+        lookup = self._owner_lookup
+        if lookup is None or (lookup.done() and (lookup.cancelled() or lookup.result() is None)):
+            lookup = self._owner_lookup = asyncio.create_task(self._node_uid_from_server(), name="node owner")
+        return lookup
+
+    async def _node_uid_from_server(self) -> str | None:
+        if self._node_uid is not None:
+            return self._node_uid
+        try:
+            return await self._kube.get_node_uid(self._node)
+        except KubeError as e:
+            if "node-owner" not in self._reported:
+                self._reported.add("node-owner")
+                self._log.warning("cannot read the Node; slices are published without an owner for now",
+                                  error=str(e))
+            return None
 
     def _api_error(self, operation: str, error: KubeError) -> None:
         if self._metrics is not None:
@@ -260,6 +291,21 @@ class Publisher:
 
 class _Expired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+async def _explained(write: Awaitable[dict[str, Any]], body: Mapping[str, Any]) -> dict[str, Any]:
+    """A write whose validation error (422) names the slice and the devices the server's message points at."""
+    try:
+        return await write
+    except KubeError as e:
+        if e.status != 422:
+            raise
+        devices = body["spec"].get("devices") or ()
+        named = sorted({devices[int(i)]["name"] for i in re.findall(r"spec\.devices\[(\d+)\]", str(e))
+                        if int(i) < len(devices)})
+        slice_name = body["metadata"].get("name") or body["metadata"].get("generateName", "") + "…"
+        detail = f" (slice {slice_name}" + (f"; devices {', '.join(named)})" if named else ")")
+        raise KubeError(str(e) + detail, e.status, e.reason) from None
 
 
 def _jittered(seconds: float) -> float:

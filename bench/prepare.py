@@ -4,7 +4,8 @@ The agent runs as its own process (`dra-agent run`, logging at info to a file), 
 (durable appends, fdatasync) and its CDI directory in RAM (as /var/run/cdi is); the test API server and the
 kubelet simulator run in this process and talk to it over loopback HTTP and real unix sockets. Measures:
 
-1. start-up: process start → every driver registered with the kubelet and its slices in the API server;
+1. start-up: process start → every driver registered with the kubelet and its slices in the API server (on a
+   simulated node kept between starts, as a real host's sysfs exists before the agent);
 2. prepare latency of a 1-GPU claim (each followed by its unprepare), and the round trip of an empty request
    on the same socket for comparison;
 3. 100 claims on distinct devices prepared concurrently (100 pods starting at once);
@@ -49,8 +50,9 @@ def percentile(values: list[float], q: float) -> float:
 async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: Path, kubeconfig: Path,
                       run: int) -> tuple[AgentProcess, KubeletSimulator, dict[str, Plugin], float]:
     root = memory / f"run{run}"
+    # The simulated node is kept across starts, as a real host's sysfs is there before the agent starts.
     settings = settings_for(root, kubeconfig, str(profile)).model_copy(
-        update={"state_dir": disk / f"state{run}", "log_level": "info"})
+        update={"state_dir": disk / f"state{run}", "log_level": "info", "sim_root": memory / "node"})
     agent = AgentProcess(settings)
     kubelet = KubeletSimulator(settings.registry_dir)
     started = time.perf_counter()

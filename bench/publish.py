@@ -1,6 +1,7 @@
 """Benchmark: publishing the simulated dgx-h100 with 64 VFs per PF (8 GPUs, 512 VFs: 5 slices in 2 pools).
 
-1. start-up: `dra-agent run` process start → every slice of both pools in the API server (5 starts);
+1. start-up: `dra-agent run` process start → every slice of both pools in the API server (5 starts, on a
+   simulated node kept on disk between starts, as a real host's sysfs is there before the agent starts);
 2. repair: the kubelet deletes all of the node's slices (as at its own start) → all back;
 3. a single device changes → writes to the API server;
 4. idle: every request the agent makes in `--minutes` minutes with nothing changing, extrapolated to an hour.
@@ -53,7 +54,10 @@ async def main() -> None:
             for run in range(args.starts):
                 for obj in server.objects("resourceslices"):
                     server.delete_object("resourceslices", obj["metadata"]["name"])
-                agent = AgentProcess(settings_for(memory / f"run{run}", kubeconfig, str(profile)))
+                # The simulated node is kept across starts, as a real host's sysfs is there before the agent.
+                settings = settings_for(memory / f"run{run}", kubeconfig, str(profile)).model_copy(
+                    update={"sim_root": memory / "node"})
+                agent = AgentProcess(settings)
                 started = time.perf_counter()
                 await agent.start()
                 await wait_until(lambda: slice_count(server) == 5, 30, interval=0.005)

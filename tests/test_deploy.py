@@ -317,12 +317,12 @@ async def test_probe_paths_are_served_by_the_agent() -> None:
     server = MetricsServer("127.0.0.1:0", Metrics(), lambda: True)
     await server.start()
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession() as client:
             for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
                 if probe not in container:
                     continue
                 path = container[probe]["httpGet"]["path"]
-                async with session.get(f"http://127.0.0.1:{server.port}{path}") as response:
+                async with client.get(f"http://127.0.0.1:{server.port}{path}") as response:
                     assert response.status == 200, f"{probe}: the agent does not serve {path}"
     finally:
         await server.stop()

@@ -109,6 +109,24 @@ async def test_pool_with_owner_labels_generation_and_count(make_env: Callable[..
     assert all(s["metadata"]["labels"]["dra-agent.io/node"] == NODE for s in slices)
 
 
+async def test_the_owner_is_added_once_the_node_can_be_read(make_env: Callable[..., Any],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("agent.publisher.OWNER_RETRY", 0.3)
+    env = await make_env()
+    env.server.fail("GET", f"/api/v1/nodes/{NODE}", 403, times=None)  # until the RBAC rule is fixed
+    inventory = Inventory(GPU, devices(3))
+    with capture_logs() as logs:
+        await published(env, inventory)
+        await asyncio.sleep(0.5)
+        assert not any(s["metadata"].get("ownerReferences") for s in env.slices()), "published without waiting"
+        env.server.clear_faults()
+        node_uid = env.server.get_object("nodes", NODE)["metadata"]["uid"]
+        await wait_until(lambda: all(s["metadata"].get("ownerReferences", [{}])[0].get("uid") == node_uid
+                                     for s in env.slices()), 5)
+    assert [e["event"] for e in logs].count("cannot read the Node; slices are published without an owner for now") == 1
+    assert {s["spec"]["pool"]["generation"] for s in env.slices()} == {0}, "metadata only: no new generation"
+
+
 async def test_counters_in_their_own_slices(make_env: Callable[..., Any]) -> None:
     env = await make_env()
     sets = [CounterSet(f"gpu-{i}-counters", {"memory": 80 << 30, "memory-slice-0": 1}) for i in range(10)]
@@ -231,6 +249,35 @@ async def test_faults_converge_and_the_publisher_stays_up(make_env: Callable[...
 
 
 @pytest.mark.slow
+async def test_a_writer_fighting_over_the_slices_slows_the_publisher_down(make_env: Callable[..., Any]) -> None:
+    env = await make_env()
+    inventory = Inventory(GPU, devices(3))
+    await published(env, inventory)
+
+    async def fight() -> None:  # another controller that keeps rewriting a device attribute
+        while True:
+            obj = env.slices()[0]
+            if obj["spec"]["devices"][0]["attributes"].get("index") != {"int": 99}:
+                obj["spec"]["devices"][0]["attributes"]["index"] = {"int": 99}
+                env.server.put_object("resourceslices", obj)
+            await asyncio.sleep(0.01)
+
+    fighter = asyncio.create_task(fight())
+    start = time.monotonic()
+    try:
+        with capture_logs() as logs:
+            await wait_until(lambda: any(e["event"].startswith("slices keep changing") for e in logs), 10)
+            slowed_at = time.monotonic()
+            await asyncio.sleep(3)
+    finally:
+        fighter.cancel()
+    # Ten repairs in quick succession, then a pause of a full backoff period instead of a hot loop.
+    assert env.writes(since=start) <= 11
+    assert env.writes(since=slowed_at + 0.1) == 0
+    await wait_until(in_sync(env, inventory), 40)
+
+
+@pytest.mark.slow
 async def test_a_30_second_outage(make_env: Callable[..., Any]) -> None:
     env = await make_env()
     inventory = Inventory(GPU, devices(300))
@@ -257,6 +304,7 @@ async def test_a_refused_slice_is_logged_and_other_pools_carry_on(make_env: Call
         await wait_until(lambda: any(e["event"].startswith("the API server refused a slice") for e in logs), 5)
     refused = next(e for e in logs if e["event"].startswith("the API server refused a slice"))
     assert "refused by policy" in refused["error"]
+    assert "(slice 00000-" in refused["error"] and "devices dev-0001)" in refused["error"]
     other = NIC if refused["driver"] == GPU else GPU
     assert env.publisher.published(other).is_set(), "the other pool was published meanwhile"
     assert not env.publisher.published(refused["driver"]).is_set()
