@@ -6,6 +6,7 @@ Predicates accept any object, so raw JSON values can be passed; the messages say
 
 from __future__ import annotations
 
+import functools
 import re
 
 from backends.contract import is_semver as _backend_semver
@@ -94,7 +95,12 @@ def is_driver_name(s: object) -> bool:
 
 def is_qualified_name(s: object) -> bool:
     """Attribute or capacity key: ``ID`` or ``DOMAIN/ID`` (Q1-Q5)."""
-    if not isinstance(s, str) or s.count("/") > 1:
+    return isinstance(s, str) and _is_qualified_name(s)
+
+
+@functools.lru_cache(maxsize=4096)  # the same few keys on every device of a pool
+def _is_qualified_name(s: str) -> bool:
+    if s.count("/") > 1:
         return False
     domain, slash, ident = s.rpartition("/")
     if slash and not is_driver_name(domain):

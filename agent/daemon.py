@@ -1,8 +1,9 @@
 """`dra-agent run`: the node agent's lifecycle, from start-up to a graceful stop.
 
 Start: open the host (or the simulated node), connect to the API server, load and start the backends,
-discover, and for each driver recover its checkpoint, serve its DRA socket, then its registration socket;
-publish the slices (retrying with backoff until the API server takes them), tell systemd READY=1.
+discover, and for each driver recover its checkpoint, start publishing its slices (retrying with backoff
+until the API server takes them), serve its DRA socket, then its registration socket; tell systemd READY=1
+once every driver's slices are published.
 Stop (SIGTERM or SIGINT): deregister, let in-flight calls finish, stop the backends, all within 10 s;
 a second signal exits at once.
 """
@@ -84,8 +85,11 @@ class Agent:
         for pool in merge_pools(reports):
             if not pool.devices and not _has_state(self.settings.state_dir / pool.driver):
                 continue  # nothing to offer and nothing to clean up: stay out of the kubelet's way
-            driver = await self._serve(pool, reports, boot_id)
-            self._publish(driver)
+            preparer = await self._recover(pool, reports, boot_id)
+            # Publishing starts before the sockets: its round trips to the API server overlap with them.
+            published = self._publish(pool)
+            self.drivers[pool.driver] = _Driver(pool.driver, preparer, await self._serve(pool, preparer), pool,
+                                                published)
         if self.settings.metrics_address:
             self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, lambda: self.ready)
             await self._metrics_server.start()
@@ -102,7 +106,8 @@ class Agent:
             self.notifier.ready(f"serving {len(self.drivers)} driver(s) on node {self.node}")
             self._log.info("ready", drivers=sorted(self.drivers))
 
-    async def _serve(self, pool: Pool, reports: Sequence[BackendReport], boot_id: str) -> _Driver:
+    async def _recover(self, pool: Pool, reports: Sequence[BackendReport], boot_id: str) -> Preparer:
+        """The driver's preparer, its checkpoint replayed (claims prepared before a restart stay prepared)."""
         owners: dict[str, Owner] = {}
         backends = {}
         for report in reports:
@@ -128,6 +133,10 @@ class Agent:
             metrics=self.metrics,
         )
         await preparer.recover()
+        return preparer
+
+    async def _serve(self, pool: Pool, preparer: Preparer) -> KubeletPlugin:
+        """The driver's DRA and registration sockets, serving."""
         names = [d.name for d in pool.devices]
         plugin = KubeletPlugin(
             driver=pool.driver,
@@ -139,13 +148,10 @@ class Agent:
             log=get_logger("kubelet-plugin"),
         )
         await plugin.start()
-        driver = _Driver(pool.driver, preparer, plugin, pool, asyncio.Event())
-        self.drivers[pool.driver] = driver
-        return driver
+        return plugin
 
-    def _publish(self, driver: _Driver) -> None:
-        """Hand the driver's pool to the publisher; READY once every pool is published."""
-        pool = driver.pool
+    def _publish(self, pool: Pool) -> asyncio.Event:
+        """Hand the driver's pool to the publisher; set once it is published, and READY once every pool is."""
         built: dict[Features, Sequence[Mapping[str, Any]]] = {}  # the pool is fixed: build once per feature set
 
         def build(features: Features) -> Sequence[Mapping[str, Any]]:
@@ -161,10 +167,10 @@ class Agent:
 
         async def announce() -> None:
             await published.wait()
-            driver.published.set()
             self._announce_if_ready()
 
         self._tasks.append(asyncio.create_task(announce(), name=f"announce {pool.driver}"))
+        return published
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         self.notifier.stopping()

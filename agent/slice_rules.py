@@ -96,7 +96,7 @@ def _key(path: str, key: Any) -> str:
 
 def _get(obj: Any, *keys: str) -> Any:
     for key in keys:
-        obj = obj.get(key) if isinstance(obj, Mapping) else None
+        obj = obj.get(key) if type(obj) is dict or isinstance(obj, Mapping) else None
     return obj
 
 
@@ -106,7 +106,7 @@ def _is_int64(value: object) -> TypeGuard[int]:
 
 def _as_map(value: Any, path: str, errs: _Errors) -> Mapping[str, Any]:
     """``value`` if it is an object; absent counts as empty, any other type is an error."""
-    if value is None or isinstance(value, Mapping):
+    if value is None or type(value) is dict or isinstance(value, Mapping):  # dict first: the abc check is slow
         return value or {}
     errs.add(path, f"must be an object, got {_show(value)}")
     return {}
@@ -442,12 +442,14 @@ def _check_device(device: Any, path: str, per_device_node_selection: bool, errs:
     if (values := _attribute_value_count(attributes)) > MAX_ATTRIBUTE_VALUES:
         errs.add(path, f"has {values} attribute values, at most {MAX_ATTRIBUTE_VALUES} allowed")
     for key, attribute in attributes.items():
-        errs.check_key(is_qualified_name(key), _key(f"{path}.attributes", key), QUALIFIED_MSG)
-        _check_attribute(attribute, _key(f"{path}.attributes", key), errs)
+        where = _key(f"{path}.attributes", key)
+        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
+        _check_attribute(attribute, where, errs)
+    multi = dev.get("allowMultipleAllocations") is True
     for key, capacity in capacities.items():
-        errs.check_key(is_qualified_name(key), _key(f"{path}.capacity", key), QUALIFIED_MSG)
-        multi = dev.get("allowMultipleAllocations") is True
-        _check_capacity(capacity, _key(f"{path}.capacity", key), multi, errs)
+        where = _key(f"{path}.capacity", key)
+        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
+        _check_capacity(capacity, where, multi, errs)
     taints = _as_list(dev.get("taints"), f"{path}.taints", errs)
     if len(taints) > MAX_TAINTS:
         errs.add(f"{path}.taints", f"must have at most {MAX_TAINTS} entries, got {len(taints)}")
@@ -504,11 +506,14 @@ def _check_named_list(
     if len(items) > limit:
         errs.add(path, f"must have at most {limit} entries{why}, got {len(items)}")
         return
+    seen: set[str] = set()
     for i, item in enumerate(items):
         check(item, f"{path}[{i}]")
         name = _get(item, "name")
-        if isinstance(name, str) and any(_get(other, "name") == name for other in items[:i]):
-            errs.add(f"{path}[{i}].name", f"duplicate name {_show(name)}: names must be unique in a slice")
+        if isinstance(name, str):
+            if name in seen:
+                errs.add(f"{path}[{i}].name", f"duplicate name {_show(name)}: names must be unique in a slice")
+            seen.add(name)
 
 
 def _check_counter_set(counter_set: Any, path: str, errs: _Errors) -> None:

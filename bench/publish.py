@@ -35,7 +35,7 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 def slice_count(server: TestApiServer) -> int:
-    return len(server.objects("resourceslices"))
+    return server.count("resourceslices")
 
 
 async def main() -> None:

@@ -484,7 +484,10 @@ async def test_throttling_with_retry_after(server: TestApiServer, http: aiohttp.
     async with http.post(SLICES, json=wire(slice_body("d"))) as response:
         assert response.status == 429 and response.headers["Retry-After"] == "2"
         assert (await response.json())["details"]["retryAfterSeconds"] == 2
-    assert server.objects("resourceslices") == []
+    assert server.objects("resourceslices") == [] and server.count("resourceslices") == 0
+    async with http.post(SLICES, json=wire(slice_body("d"))) as response:
+        assert response.status == 201
+    assert server.count("resourceslices") == 1
 
 
 async def test_delay(server: TestApiServer, core: client.CoreV1Api) -> None:

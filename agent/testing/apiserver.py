@@ -191,6 +191,10 @@ class TestApiServer:
         """Copies of the stored objects of a type, by plural (``resourceslices``), ``plural.group`` or kind."""
         return self.store.objects(resource_named(kind))
 
+    def count(self, kind: str) -> int:
+        """How many objects of a type are stored (cheap enough to poll, unlike ``objects``)."""
+        return self.store.count(resource_named(kind))
+
     def get_object(self, kind: str, name: str, namespace: str = "default") -> JsonObject | None:
         """A copy of one stored object, or None (``namespace`` is ignored for cluster-scoped kinds)."""
         rt = resource_named(kind)

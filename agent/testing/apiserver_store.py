@@ -191,6 +191,9 @@ class Store:
             raise not_found(rt, name)
         return obj
 
+    def count(self, rt: ResourceType) -> int:
+        return len(self._objects[rt])
+
     def objects(self, rt: ResourceType) -> list[JsonObject]:
         return [json_copy(obj) for _, obj in sorted(self._objects[rt].items())]
 
