@@ -13,13 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.api_names import is_label_value
+from agent.device_rules import validate_device
 from agent.quantity import format_quantity
-from agent.slice_rules import (
-    MAX_COUNTER_SETS,
-    MAX_DEVICES_PER_SLICE,
-    MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
-    validate_device,
-)
+from agent.slice_rules import MAX_COUNTER_SETS, MAX_DEVICES_PER_SLICE, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS
 from backends.contract import AttributeValue, CounterSet, Device, Version
 
 __all__ = [

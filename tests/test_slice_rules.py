@@ -1,4 +1,4 @@
-"""Tests for agent.slice_rules, one table row per rule of reference/resourceslice.md section 2.
+"""Tests for agent.slice_rules and agent.device_rules, one table row per rule of reference/resourceslice.md section 2.
 
 Each row mutates a valid baseline so that exactly one rule breaks, and states the exact set of
 error paths expected; the baseline itself yields no error.
@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent import device_rules
 from agent import slice_rules as rules
 from agent.api_names import (
     is_c_identifier,
@@ -27,12 +28,8 @@ from agent.api_names import (
     is_qualified_name,
     is_semver,
 )
-from agent.slice_rules import (
-    validate_device,
-    validate_pool,
-    validate_resource_slice,
-    validate_resource_slice_update,
-)
+from agent.device_rules import validate_device
+from agent.slice_rules import validate_pool, validate_resource_slice, validate_resource_slice_update
 
 Obj = dict[str, Any]
 DEV = "spec.devices[0]"
@@ -657,12 +654,12 @@ def test_valid_variants(mutate: Mutation) -> None:
 def test_limit_constants() -> None:
     assert rules.MAX_DEVICES_PER_SLICE == 128
     assert rules.MAX_DEVICES_WITH_TAINTS_OR_COUNTERS == 64
-    assert rules.MAX_ATTRIBUTES_AND_CAPACITIES == 32
-    assert rules.MAX_TAINTS == 16
+    assert device_rules.MAX_ATTRIBUTES_AND_CAPACITIES == 32
+    assert device_rules.MAX_TAINTS == 16
     assert rules.MAX_COUNTER_SETS == 8
-    assert rules.MAX_COUNTERS == 32
-    assert rules.MAX_CONSUMES_COUNTERS == 2
-    assert rules.MAX_STRING_ATTRIBUTE_BYTES == 64
+    assert device_rules.MAX_COUNTERS == 32
+    assert device_rules.MAX_CONSUMES_COUNTERS == 2
+    assert device_rules.MAX_STRING_ATTRIBUTE_BYTES == 64
 
 
 def test_oversized_device_list_is_not_validated_item_by_item() -> None:
