@@ -1,8 +1,10 @@
 """gRPC servers on unix sockets, the way the kubelet expects them.
 
 A stale socket file left by a killed process is removed before listening (a dead socket would keep the
-kubelet retrying); the socket is made 0600 in a 0750 directory; on stop the server drains in-flight calls for
-a grace period and removes its own socket file, never another's.
+kubelet retrying). The socket is bound under a hidden name, made 0600 and only then renamed into place in its
+0750 directory, so the kubelet's plugin watcher (which ignores dot files) never sees it half set up, and never
+sees it change after it appeared. On stop the server drains in-flight calls for a grace period and removes its
+own socket file, never another's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import grpc
 
 __all__ = ["SocketError", "UnixServer"]
 
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+MAX_SOCKET_PATH = 106  # sun_path is 108 bytes with the terminating NUL, and the hidden name is a byte longer
 
 
 class SocketError(Exception):
@@ -36,12 +38,19 @@ class UnixServer:
     async def start(self) -> None:
         _prepare_directory(self.path.parent)
         _remove_stale(self.path)
+        hidden = self.path.with_name("." + self.path.name)
+        _remove_stale(hidden)
         server = grpc.aio.server()
         self._register(server)
-        if server.add_insecure_port(f"unix:{self.path}") == 0:
+        if server.add_insecure_port(f"unix:{hidden}") == 0:
             raise SocketError(f"cannot listen on {self.path}")
         await server.start()
-        os.chmod(self.path, 0o600)
+        try:
+            os.chmod(hidden, 0o600)
+            os.rename(hidden, self.path)  # a listening socket keeps serving under its new name
+        except OSError as e:
+            await server.stop(None)
+            raise SocketError(f"cannot put the socket in place at {self.path}: {e}") from e
         self._server = server
 
     async def stop(self, grace: float) -> None:
