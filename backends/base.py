@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import ClassVar
 
 from backends.config import BackendConfig, parse_config
-from backends.contract import Allocated, BackendContext, ClaimRef, HealthEvent, Prepared, PrepareError
+from backends.contract import Allocated, BackendContext, ClaimRef, DevicesChanged, HealthEvent, Prepared, PrepareError
 
 __all__ = ["BuiltinBackend"]
 
@@ -34,7 +34,7 @@ class BuiltinBackend:
         self._config = parse_config(self.config_model, ctx.config, self.name)
         self._ctx = ctx
 
-    async def health(self) -> AsyncIterator[HealthEvent]:
+    async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
         # No health source of its own: the stream stays open, silent, until the backend stops.
         await self._stopped.wait()
         return

@@ -8,13 +8,15 @@ Backends never talk to Kubernetes or gRPC; they speak only in the types defined 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import pyudev
+    from prometheus_client import CollectorRegistry
     from structlog.typing import FilteringBoundLogger
 
     from backends.topology import PciTopology, TopologyReader
@@ -31,7 +33,9 @@ __all__ = [
     "CounterConsumption",
     "CounterSet",
     "Device",
+    "DeviceEvents",
     "DeviceName",
+    "DevicesChanged",
     "Health",
     "HealthEvent",
     "Inventory",
@@ -144,6 +148,10 @@ class BackendContext:
     topology: TopologyReader
     config: Mapping[str, Any]
     log: FilteringBoundLogger
+    udev: DeviceEvents | None = None
+    """The node's udev events; None where udev cannot be watched (then there is no hot-plug)."""
+    registry: CollectorRegistry | None = None
+    """Where a backend registers its own Prometheus metrics (named `dra_agent_<backend>_...`)."""
 
 
 @dataclass(frozen=True)
@@ -196,11 +204,35 @@ class Health(Enum):
 
 @dataclass(frozen=True)
 class HealthEvent:
-    """A change of one device's health; `reason` says why in words an operator understands."""
+    """A change of one device's health.
+
+    `reason` says why in words an operator understands; it becomes the kubelet's health message. `cause` is a
+    short machine name for the condition (a DNS label, e.g. "xid", "ecc", "gpu-lost", "link-down") and `value`
+    an optional detail (e.g. the Xid "79"): the core turns an unhealthy device's cause into a device taint
+    `<driver>/<cause>=<value>`. A HEALTHY event clears whatever the device had.
+    """
 
     device: str
     health: Health
     reason: str = ""
+    cause: str = ""
+    value: str = ""
+
+
+@dataclass(frozen=True)
+class DevicesChanged:
+    """Devices of the backend appeared or disappeared (hot-plug, driver bound or unbound): the core calls
+    `discover()` again and publishes the result. `reason` is logged."""
+
+    reason: str = ""
+
+
+class DeviceEvents(Protocol):
+    """The node's udev events, from one monitor the core shares between backends (pyudev devices)."""
+
+    def subscribe(self, subsystem: str, handler: Callable[[pyudev.Device], None]) -> Callable[[], None]:
+        """Call `handler` on the event loop for every event of `subsystem` ("pci", "net", ...), with the
+        device's `action` set; the returned function unsubscribes."""
 
 
 class BackendError(Exception):
@@ -230,8 +262,11 @@ class Backend(Protocol):
     async def discover(self) -> Inventory:
         """Return the devices this backend owns now; problems with single devices go into warnings."""
 
-    def health(self) -> AsyncIterator[HealthEvent]:
-        """Stream health changes of owned devices until stopped."""
+    def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
+        """Stream health changes of owned devices, and changes of the device set, until stopped.
+
+        Event-driven: a backend waits on its sources (NVML events, udev), it never polls healthy devices.
+        """
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
         """Make the devices ready for the claim, one `Prepared` per device; idempotent for the same claim.
