@@ -22,6 +22,7 @@ Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
 _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
     "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid", "metrics_address",
+    "health_timeout", "no_execute",
 )
 
 
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="this agent pod's UID, for seamless DaemonSet rolling updates")
     group.add_argument("--metrics-address", dest="metrics_address", metavar="HOST:PORT",
                        help="serve /metrics, /healthz and /readyz here")
+    group.add_argument("--health-timeout", dest="health_timeout", type=int, metavar="SECONDS",
+                       help="seconds before the kubelet reads a device's health as Unknown (30); its health is "
+                            "re-sent every half of it")
+    group.add_argument("--no-execute", dest="no_execute", metavar="CAUSES",
+                       type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
+                       help="health causes whose device taint evicts pods (NoExecute), e.g. gpu-lost,xid; "
+                            "others taint NoSchedule")
     run.set_defaults(handler=run_command, output=None)
     return parser
 

@@ -1,43 +1,56 @@
 """Device health as the kubelet's health stream reports it.
 
 Every message is the driver's complete device list (the kubelet keeps only what each message says, and marks
-a device Unknown when no message mentions it within its timeout), sent on connect and then every half timeout
-even when nothing changed.
+a device Unknown when no message mentions it within its timeout). A message goes out on connect, at once on
+every change of the board, and every half timeout even when nothing changed. Concurrent streams (a kubelet
+restarting, two kubelet instances during an upgrade) each get the same lists.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from agent.device_health import HealthBoard
 from agent.kubelet_api import DeviceHealthReport, HealthStatus
+from backends.contract import Health
 
 __all__ = ["DEFAULT_TIMEOUT", "HealthStream"]
 
 DEFAULT_TIMEOUT = 30
 """Seconds the kubelet waits for news of a device before it reads as Unknown (its default)."""
 
+_STATUS = {Health.HEALTHY: HealthStatus.HEALTHY, Health.UNHEALTHY: HealthStatus.UNHEALTHY,
+           Health.UNKNOWN: HealthStatus.UNKNOWN}
+
 
 class HealthStream:
-    """Full device lists for one driver's pool; all devices are reported healthy."""
+    """Full device lists for one driver's pool, from its health board."""
 
-    def __init__(self, pool: str, devices: Callable[[], Sequence[str]], timeout: int = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, pool: str, board: HealthBoard, timeout: int = DEFAULT_TIMEOUT,
+                 on_clients: Callable[[int], None] = lambda clients: None) -> None:
         self._pool = pool
-        self._devices = devices
+        self._board = board
         self._timeout = timeout
+        self._on_clients = on_clients
         self.clients = 0
+        self.messages = 0
 
     def snapshot(self) -> list[DeviceHealthReport]:
-        now = int(time.time())
-        return [DeviceHealthReport(pool=self._pool, device=d, health=HealthStatus.HEALTHY, last_updated=now,
-                                   timeout_seconds=self._timeout) for d in self._devices()]
+        now = int(time.time())  # the kubelet stamps reports with their arrival anyway
+        return [DeviceHealthReport(pool=self._pool, device=device, health=_STATUS[state.health], last_updated=now,
+                                   timeout_seconds=self._timeout, message=state.reason)
+                for device, state in self._board.states().items()]
 
     async def watch(self) -> AsyncIterator[Sequence[DeviceHealthReport]]:
         self.clients += 1
+        self._on_clients(self.clients)
         try:
+            version = self._board.version
             while True:
+                self.messages += 1
                 yield self.snapshot()
-                await asyncio.sleep(self._timeout / 2)
+                version = await self._board.wait_changed(version, self._timeout / 2)
         finally:
             self.clients -= 1
+            self._on_clients(self.clients)

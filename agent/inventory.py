@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.host import Host
 from agent.logs import get_logger
 from agent.plugins import FoundPlugin, LoadedPlugin, PluginFailure, find_plugins, load_plugins
 from agent.settings import Settings
-from backends.contract import BackendContext, BackendError, CounterSet, Device, Inventory
+from backends.contract import BackendContext, BackendError, CounterSet, Device, DeviceEvents, Inventory
 from backends.topology import TopologyReader
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["BackendReport", "Pool", "Survey", "discover_all", "merge_pools", "start_all", "stop_all", "survey"]
 
@@ -53,6 +56,8 @@ async def start_all(
     plugins: Sequence[LoadedPlugin],
     host: Host,
     config_for: Callable[[str], Mapping[str, Any]],
+    udev: DeviceEvents | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> tuple[list[LoadedPlugin], dict[str, str]]:
     """Start every backend; returns the started ones and an error message per backend that failed to start."""
     topology = TopologyReader(host.sysfs_root)
@@ -60,7 +65,7 @@ async def start_all(
     async def start(plugin: LoadedPlugin) -> str | None:
         name = plugin.found.name
         ctx = BackendContext(host.sysfs_root, host.dev_root, host.host_root, topology, config_for(name),
-                             get_logger(name))
+                             get_logger(name), udev, registry)
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 await plugin.backend.start(ctx)
@@ -157,8 +162,11 @@ class Survey:
     reports: list[BackendReport]
 
 
-async def survey(settings: Settings, host: Host) -> Survey:
-    """Find, load and start the enabled backends and run their discovery; every problem is logged once."""
+async def survey(settings: Settings, host: Host, udev: DeviceEvents | None = None,
+                 registry: CollectorRegistry | None = None) -> Survey:
+    """Find, load and start the enabled backends and run their discovery; every problem is logged once.
+
+    `udev` and `registry` are handed to the backends (hot-plug and health events; their own metrics)."""
     log = get_logger("discovery")
     found, failures = find_plugins()
     loaded, load_failures = load_plugins(found, settings.backends)
@@ -166,7 +174,8 @@ async def survey(settings: Settings, host: Host) -> Survey:
     for failure in failures:
         log.warning("backend skipped", backend=failure.name, distribution=failure.distribution,
                     reason=failure.message)
-    started, start_errors = await start_all(loaded, host, lambda name: settings.backend_config.get(name, {}))
+    started, start_errors = await start_all(loaded, host, lambda name: settings.backend_config.get(name, {}), udev,
+                                            registry)
     for name, error in start_errors.items():
         log.warning("backend failed to start", backend=name, reason=error)
     try:

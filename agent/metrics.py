@@ -6,6 +6,7 @@ driver's sockets are up and its slices are published; whether the kubelet has re
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from aiohttp import web
@@ -14,6 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["Metrics", "MetricsServer"]
 
+_HEALTH_STATES = ("Healthy", "Unhealthy", "Unknown")
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 45)
 
 
@@ -32,6 +34,24 @@ class Metrics:
                                        ["driver"], registry=self.registry)
         self.api_errors = Counter("dra_agent_api_errors", "Failed requests to the Kubernetes API server",
                                   ["operation"], registry=self.registry)
+        self.published_slices = Gauge("dra_agent_published_slices", "This node's ResourceSlices", ["driver"],
+                                      registry=self.registry)
+        self.device_health = Gauge("dra_agent_device_health", "1 for the device's current health (Healthy, "
+                                   "Unhealthy or Unknown), 0 for the others", ["driver", "device", "health"],
+                                   registry=self.registry)
+        self.health_changes = Counter("dra_agent_device_health_changes", "Device health changes, by the new "
+                                      "health and its cause", ["driver", "health", "cause"], registry=self.registry)
+        self.stream_clients = Gauge("dra_agent_health_stream_clients", "Open kubelet health streams", ["driver"],
+                                    registry=self.registry)
+
+    def set_health(self, driver: str, device: str, health: str) -> None:
+        for state in _HEALTH_STATES:
+            self.device_health.labels(driver, device, state).set(1 if state == health else 0)
+
+    def forget_device(self, driver: str, device: str) -> None:
+        for state in _HEALTH_STATES:
+            with contextlib.suppress(KeyError):
+                self.device_health.remove(driver, device, state)
 
     def observe(self, driver: str, operation: str, seconds: float, error: bool) -> None:
         self.requests.labels(driver, operation, "error" if error else "ok").inc()

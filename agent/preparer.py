@@ -78,6 +78,7 @@ class Preparer:
         log: FilteringBoundLogger,
         serialize: FileLock | None = None,
         metrics: Metrics | None = None,
+        unusable: Callable[[str], str | None] = lambda device: None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -90,6 +91,7 @@ class Preparer:
         self._locks = KeyedLocks()
         self._serialize = serialize
         self._metrics = metrics
+        self._unusable = unusable  # device → why it must not be newly prepared (unhealthy), else None
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
@@ -173,6 +175,10 @@ class Preparer:
                 await self._ensure_spec(record)
                 return self._answer(record)
             return ClaimResult(error=f"claim {_name(ref)} was prepared with other devices; unprepare it first")
+        # A claim prepared before its device turned unhealthy keeps its answer (above): its pods run already.
+        unusable = [f"{d}: {why}" for d in sorted(plan.requests) if (why := self._unusable(d))]
+        if unusable:
+            return ClaimResult(error=f"not prepared, unhealthy device(s): {'; '.join(unusable)}")
         conflict = self._conflict(ref, plan)
         if conflict:
             return ClaimResult(error=conflict)

@@ -221,6 +221,7 @@ class Publisher:
         if self._metrics is not None:
             self._metrics.published_devices.labels(pool.driver).set(
                 sum(len(s["spec"].get("devices") or ()) for s in desired))
+            self._metrics.published_slices.labels(pool.driver).set(len(desired))
         pool.published.set()
 
     async def _pace(self, pool: _Pool) -> None:

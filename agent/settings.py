@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent.api_names import is_driver_name, is_node_name
+from agent.api_names import is_dns_label, is_driver_name, is_node_name
 
 __all__ = ["ENV_PREFIX", "Settings", "SettingsError", "load_settings"]
 
@@ -61,6 +61,12 @@ class Settings(BaseModel):
     """HOST:PORT for /metrics, /healthz and /readyz; off when unset."""
     backends: tuple[str, ...] | None = None
     """Backends to load by entry-point name; every installed backend when unset."""
+    health_timeout: int = Field(default=30, ge=2, le=3600)
+    """Seconds the kubelet waits for news of a device before it reads as Unknown; the agent re-sends every
+    device's health every half of it."""
+    no_execute: tuple[str, ...] = ()
+    """Health causes (e.g. gpu-lost, xid) whose device taint has effect NoExecute, evicting the pods that use
+    the device; every other unhealthy device is tainted NoSchedule."""
     driver_names: dict[str, str] = Field(default_factory=dict)
     """Publish under another DRA driver name: default driver name → name to use."""
     backend_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -94,6 +100,14 @@ class Settings(BaseModel):
     def _backend_names(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         if v is not None and (not v or any(not name for name in v)):
             raise ValueError("must list at least one backend name, without empty entries")
+        return v
+
+    @field_validator("no_execute")
+    @classmethod
+    def _causes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [cause for cause in v if not is_dns_label(cause)]
+        if bad:
+            raise ValueError(f"health causes are DNS labels such as gpu-lost or link-down, got {bad}")
         return v
 
     @field_validator("driver_names")

@@ -82,13 +82,14 @@ def _counter_set_body(counter_set: CounterSet) -> dict[str, Any]:
     }
 
 
-def _chunks(bodies: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Fill slices in order; a slice holding a tainted or counter-consuming device takes at most 64."""
+def _chunks(bodies: Iterable[dict[str, Any]], taintable: bool) -> list[list[dict[str, Any]]]:
+    """Fill slices in order; a slice holding a tainted or counter-consuming device takes at most 64, and so
+    does every slice of a `taintable` pool."""
     chunks: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []
     reduced = False
     for body in bodies:
-        heavy = bool(body.get("taints") or body.get("consumesCounters"))
+        heavy = taintable or bool(body.get("taints") or body.get("consumesCounters"))
         limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if (reduced or heavy) else MAX_DEVICES_PER_SLICE
         if len(current) >= limit:
             chunks.append(current)
@@ -109,6 +110,7 @@ def pool_slices(
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     taints_supported: bool = True,
     counters_supported: bool = True,
+    taintable: bool = False,
     generation: int = 0,
 ) -> PoolSlices:
     """Every ResourceSlice of the pool `node_name` of `driver`, in publishing order.
@@ -117,12 +119,19 @@ def pool_slices(
     gate is off), `taints_supported` False leaves a tainted device out instead: not offered beats offered as
     healthy. Where it drops counters (DRAPartitionableDevices off), `counters_supported` False leaves out the
     counter sets and the devices that consume them: without counters the scheduler could hand out
-    overlapping partitions.
+    overlapping partitions. Taints with effect None are informational: without taint support they are
+    dropped and the device stays.
+
+    `taintable` fills every slice to 64 devices, the limit for slices with a tainted device, so that a device
+    becoming tainted or healthy again rewrites its own slice only, instead of moving devices between slices
+    (which rewrites the whole pool under a new generation).
     """
     rejected: list[str] = []
     bodies: list[dict[str, Any]] = []
     for device in sorted(devices, key=lambda d: d.name):
         device_taints = (taints or {}).get(device.name, ())
+        if not taints_supported:
+            device_taints = [t for t in device_taints if t.get("effect") != "None"]
         if device.consumes_counters and not counters_supported:
             rejected.append(f"{device.name}: consumes counters, and this cluster cannot publish counters; left out")
             continue
@@ -146,7 +155,7 @@ def pool_slices(
         {"sharedCounters": counter_bodies[i : i + MAX_COUNTER_SETS]}
         for i in range(0, len(counter_bodies), MAX_COUNTER_SETS)
     ]
-    specs.extend({"devices": chunk} for chunk in _chunks(bodies))
+    specs.extend({"devices": chunk} for chunk in _chunks(bodies, taintable))
     if not specs:
         specs.append({})  # an empty pool still gets one slice, so the pool is seen as present
     labels = slice_labels(driver, node_name)

@@ -332,13 +332,15 @@ async def test_dgx_h100_with_64_vfs_per_pf(scratch: Path) -> None:
     profile = profile_with_vfs(64, scratch)
     async with agent_in_process(scratch, str(profile)) as env:
         for driver in env.agent.drivers.values():
-            await asyncio.wait_for(driver.published.wait(), 10)
+            if driver.active:
+                await asyncio.wait_for(driver.published.wait(), 10)
         slices = env.server.objects("resourceslices")
     assert_valid_slices(slices)
     by_driver: dict[str, list[dict[str, Any]]] = {}
     for obj in slices:
         by_driver.setdefault(obj["spec"]["driver"], []).append(obj)
-    assert {d: len(s) for d, s in by_driver.items()} == {"gpu.nvidia.com": 1, "sriov.dra-agent.io": 4}
+    # 64 devices a slice: a device that turns unhealthy (tainted) then rewrites its own slice only.
+    assert {d: len(s) for d, s in by_driver.items()} == {"gpu.nvidia.com": 1, "sriov.dra-agent.io": 8}
     for members in by_driver.values():
         assert {(s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in members} == {
             (0, len(members))}
