@@ -1,4 +1,5 @@
-"""Benchmark: publishing the simulated dgx-h100 with 64 VFs per PF (8 GPUs, 512 VFs: 5 slices in 2 pools).
+"""Benchmark: publishing the simulated dgx-h100 with 64 VFs per PF (8 GPUs, 512 VFs: 9 slices in 2 pools, 64
+devices to a slice so that a device turning unhealthy rewrites its own slice only).
 
 1. start-up: `dra-agent run` process start → every slice of both pools in the API server (5 starts, on a
    simulated node kept on disk between starts, as a real host's sysfs is there before the agent starts);
@@ -32,6 +33,7 @@ from bench.discover import profile_with_vfs
 from tests.agent_env import NODE, AgentProcess, settings_for, wait_until
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+SLICES_PUBLISHED = 1 + 512 // 64  # the GPU pool's one slice, the VFs' eight
 
 
 def slice_count(server: TestApiServer) -> int:
@@ -60,7 +62,7 @@ async def main() -> None:
                 agent = AgentProcess(settings)
                 started = time.perf_counter()
                 await agent.start()
-                await wait_until(lambda: slice_count(server) == 5, 30, interval=0.005)
+                await wait_until(lambda: slice_count(server) == SLICES_PUBLISHED, 30, interval=0.005)
                 startups.append(time.perf_counter() - started)
                 if run < args.starts - 1:
                     await agent.stop()
@@ -70,7 +72,7 @@ async def main() -> None:
             started = time.perf_counter()
             for obj in server.objects("resourceslices"):  # the kubelet's wipe at its start
                 server.delete_object("resourceslices", obj["metadata"]["name"])
-            await wait_until(lambda: slice_count(server) == 5, 30, interval=0.005)
+            await wait_until(lambda: slice_count(server) == SLICES_PUBLISHED, 30, interval=0.005)
             repair = time.perf_counter() - started
 
             await asyncio.sleep(1)
@@ -101,9 +103,9 @@ async def main() -> None:
     per_hour = 60 / args.minutes
     writes = [r for r in idle if r.method in ("POST", "PUT", "PATCH", "DELETE")]
     watches = [r for r in idle if r.method == "GET" and r.query.get("watch") in ("true", "1")]
-    print(f"start → all 5 slices published (dgx-h100, 64 VFs/PF, {args.starts} starts): "
+    print(f"start → all {SLICES_PUBLISHED} slices published (dgx-h100, 64 VFs/PF, {args.starts} starts): "
           f"median {statistics.median(startups):.3f} s, max {max(startups):.3f} s")
-    print(f"kubelet wipe → all 5 slices back: {repair:.3f} s")
+    print(f"kubelet wipe → all {SLICES_PUBLISHED} slices back: {repair:.3f} s")
     print(f"one device changed in a 512-device pool: {change_writes} write(s)")
     print(f"idle for {args.minutes:g} min: {len(idle)} requests ({len(writes)} writes, {len(watches)} watch "
           f"renewals over 2 pools) → {len(idle) * per_hour:.0f} requests/hour, "
