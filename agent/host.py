@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.api_names import is_node_name
+from agent.logs import get_logger
 from agent.settings import Settings
 
 __all__ = ["Host", "NodeNameError", "open_host", "resolve_node_name"]
@@ -32,7 +34,9 @@ class Host:
 def open_host(settings: Settings) -> Iterator[Host]:
     """The real host, or (with `simulate`) a simulated node that exists for the duration of the block.
 
-    A simulated node also plugs its NVML in under pynvml, so backends run their real code paths.
+    A simulated node also plugs its NVML in under pynvml, so backends run their real code paths. `dra-agent run`
+    on a kept node (`--sim-root`) re-executes itself under umockdev's preload library first, so that its udev
+    monitor sees the node and receives the uevents injected into it (backends.simulation.udev_events).
     Raises backends.simulation.profile.ProfileError for an unknown or invalid profile.
     """
     if settings.simulate is None:
@@ -40,8 +44,23 @@ def open_host(settings: Settings) -> Iterator[Host]:
         return
     from backends.simulation.node import simulated_node  # only simulated runs pay for the simulator
 
+    if settings.sim_root is not None and _is_agent_run():
+        from backends.simulation.udev_preload import reexec_for
+
+        # Returns only when this process already runs under the preload, or cannot.
+        reason = reexec_for(settings.sim_root)
+        if reason:
+            get_logger("host").warning("simulated node without udev events", reason=reason)
+
     with simulated_node(settings.simulate, settings.sim_root) as node:
         yield Host(node.sysfs, node.dev, node.root, node.profile.name)
+
+
+def _is_agent_run() -> bool:
+    """Whether this process is `dra-agent run` (or `python -m agent run`) itself: the only process open_host may
+    re-execute. Tests and other programs that open a simulated host in their own process are left alone."""
+    program = Path(sys.argv[0])
+    return (program.name == "dra-agent" or program.parts[-2:] == ("agent", "__main__.py")) and sys.argv[1:2] == ["run"]
 
 
 def resolve_node_name(settings: Settings, host: Host) -> str:

@@ -3,23 +3,42 @@
 A physical function is any network-class PCI function with `sriov_totalvfs` > 0; its VFs are found through its
 `virtfn<N>` links. Each VF is one allocatable device carrying its PF, kernel driver, netdev, RDMA capability
 and the standard topology attributes, so a claim can pair it with a GPU on the same PCIe root or switch.
+
+Health, from udev: a PF whose link is down makes all its VFs unhealthy (read from sysfs at start, after each
+discovery and when the PF's netdev has a uevent); network functions added or removed change the device set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
-from backends.base import BuiltinBackend
-from backends.contract import Allocated, AttributeValue, ClaimRef, Device, Inventory, Prepared, PrepareError
-from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_hex, read_int, read_link_name
+from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
+from backends.contract import (
+    Allocated,
+    AttributeValue,
+    ClaimRef,
+    Device,
+    DevicesChanged,
+    Health,
+    HealthEvent,
+    Inventory,
+    Prepared,
+    PrepareError,
+)
+from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex, read_int, read_link_name
 from backends.topology import device_name
 from cdi.spec import ContainerEdits, DeviceNode
+
+if TYPE_CHECKING:
+    import pyudev
 
 __all__ = ["SriovNicBackend"]
 
 _NETWORK_CLASS = 0x02
+_HOTPLUG = ("add", "remove", "bind", "unbind")
 
 
 class SriovNicBackend(BuiltinBackend):
@@ -31,6 +50,63 @@ class SriovNicBackend(BuiltinBackend):
     def __init__(self) -> None:
         super().__init__()
         self._vfs: dict[str, str] = {}  # device name → VF bus id, from the last discovery
+        self._pfs: dict[str, tuple[str, ...]] = {}  # PF bus id → its VFs' device names, from the last discovery
+        self._netdevs: set[str] = set()  # the PFs' interface names when their links were last read
+        self._events: DeviceEventQueue | None = None
+
+    async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
+        ledger = HealthLedger()
+        with DeviceEventQueue(self.ctx.udev, ("pci", "net"), self._stopped) as events:
+            self._events = events
+            try:
+                async for devices in events:
+                    hotplug = [d for d in devices if d.subsystem == "pci" and self._concerns_us(d)]
+                    if hotplug:
+                        yield DevicesChanged(reason=pci_events_summary(hotplug))
+                    if not devices or any(self._is_pf_netdev_event(d) for d in devices):
+                        for event in await asyncio.to_thread(self._link_health, ledger):
+                            yield event
+            finally:
+                self._events = None
+
+    def _concerns_us(self, device: pyudev.Device) -> bool:
+        """A PCI event that may change our device set: one of our functions, or a new network function."""
+        if device.action not in _HOTPLUG:
+            return False
+        if device.sys_name in self._vfs.values() or device.sys_name in self._pfs:
+            return True
+        try:
+            network = int(device.properties.get("PCI_CLASS", ""), 16) >> 16 == _NETWORK_CLASS
+        except ValueError:
+            network = True  # no class in the event: rediscovering costs less than missing a NIC
+        return device.action in ("add", "bind") and network
+
+    def _is_pf_netdev_event(self, device: pyudev.Device) -> bool:
+        # A new or renamed interface may be a PF's; other interfaces (veth pairs of pods, ...) are not ours.
+        return device.subsystem == "net" and (device.sys_name in self._netdevs or device.action in ("add", "move"))
+
+    def _link_health(self, ledger: HealthLedger) -> list[HealthEvent]:
+        """Each PF's link state, read now; every VF of a PF whose link is down is unhealthy."""
+        events: list[HealthEvent] = []
+        netdevs: set[str] = set()
+        for pf, vfs in self._pfs.items():
+            try:
+                link = _link(str(self.ctx.topology.device_dir(pf)))
+            except SysfsError as e:
+                self.ctx.log.warning("cannot read the link state of a PF", pf=pf, error=str(e))
+                continue
+            if link is None:
+                continue  # no netdev (driver unbound, being renamed): nothing to tell
+            netdev, up = link
+            netdevs.add(netdev)
+            reason = f"PF {netdev} ({pf}) link is {'up' if up else 'down'}"
+            for vf in vfs:
+                event = ledger.update(vf, Health.HEALTHY if up else Health.UNHEALTHY, reason, cause="link-down")
+                if event is not None:
+                    events.append(event)
+        ledger.keep_only(vf for vfs in self._pfs.values() for vf in vfs)
+        self._netdevs = netdevs
+        return events
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
         """A VF keeps its kernel driver: the container gets its RDMA verbs device, when it has one."""
@@ -58,11 +134,15 @@ class SriovNicBackend(BuiltinBackend):
         return prepared
 
     async def discover(self) -> Inventory:
-        return await asyncio.to_thread(self._discover)
+        inventory = await asyncio.to_thread(self._discover)
+        if self._events is not None:
+            self._events.wake()  # PFs may have come or gone: read their links again
+        return inventory
 
     def _discover(self) -> Inventory:
         devices: list[Device] = []
         warnings: list[str] = []
+        pfs: dict[str, tuple[str, ...]] = {}
         try:
             bus_ids = list_pci_devices(self.ctx.sysfs_root)
         except SysfsError as e:
@@ -72,10 +152,14 @@ class SriovNicBackend(BuiltinBackend):
             try:
                 if not _is_physical_function(folder):
                     continue
-                devices.extend(self._virtual_functions(bus_id, folder, warnings))
+                vfs = self._virtual_functions(bus_id, folder, warnings)
             except SysfsError as e:
                 warnings.append(f"NIC {bus_id}: {e}; its VFs are left out")
+                continue
+            devices.extend(vfs)
+            pfs[bus_id] = tuple(vf.name for vf in vfs)
         self._vfs = {d.name: d.topology.bus_id for d in devices if d.topology is not None}
+        self._pfs = pfs
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
     def _virtual_functions(self, pf_bus_id: str, pf: str, warnings: list[str]) -> list[Device]:
@@ -123,3 +207,19 @@ def _is_physical_function(folder: str) -> bool:
         return False
     cls = read_hex(f"{folder}/class")
     return cls is not None and cls >> 16 == _NETWORK_CLASS
+
+
+def _link(pf: str) -> tuple[str, bool] | None:
+    """The PF's network interface and whether its link is up; None when it has no interface."""
+    netdevs = list_dir(f"{pf}/net")
+    if not netdevs:
+        return None
+    folder = f"{pf}/net/{netdevs[0]}"
+    operstate = read_attr(f"{folder}/operstate")
+    try:
+        carrier = read_attr(f"{folder}/carrier")
+    except SysfsError:
+        carrier = None  # the kernel refuses to read carrier while the interface is administratively down
+    # Drivers that do not track operstate report "unknown"; the carrier tells then.
+    up = operstate == "up" or (operstate in (None, "unknown") and carrier == "1")
+    return netdevs[0], up

@@ -1,16 +1,34 @@
-"""The tpu backend: Google TPU chips (PCI vendor 0x1ae0), exposed as /dev/accel<N> or through vfio-pci."""
+"""The tpu backend: Google TPU chips (PCI vendor 0x1ae0), exposed as /dev/accel<N> or through vfio-pci.
+
+Health, from udev: a chip whose device node is missing is unhealthy (checked at start, after each discovery and
+on every accel or vfio uevent); TPU functions added or removed change the device set.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from backends.base import BuiltinBackend
-from backends.contract import Allocated, ClaimRef, Device, Inventory, Prepared, PrepareError
+from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
+from backends.contract import (
+    Allocated,
+    ClaimRef,
+    Device,
+    DevicesChanged,
+    Health,
+    HealthEvent,
+    Inventory,
+    Prepared,
+    PrepareError,
+)
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_hex
 from backends.topology import device_name
 from cdi.spec import ContainerEdits, DeviceNode
+
+if TYPE_CHECKING:
+    import pyudev
 
 __all__ = ["TPU_GENERATIONS", "TpuBackend"]
 
@@ -22,8 +40,12 @@ TPU_GENERATIONS = {0x005E: "v4", 0x0056: "v4lite", 0x0063: "v5e", 0x0062: "v5p",
 _CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
 
 
+_HOTPLUG = ("add", "remove", "bind", "unbind")
+
+
 @dataclass(frozen=True)
 class _Chip:
+    bus_id: str
     index: int
     kind: str  # "accel" or "vfio"
     iommu_group: int | None
@@ -38,6 +60,45 @@ class TpuBackend(BuiltinBackend):
     def __init__(self) -> None:
         super().__init__()
         self._chips: dict[str, _Chip] = {}  # from the last discovery
+        self._events: DeviceEventQueue | None = None
+
+    async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
+        ledger = HealthLedger()
+        with DeviceEventQueue(self.ctx.udev, ("pci", "accel", "vfio"), self._stopped) as events:
+            self._events = events
+            try:
+                async for devices in events:
+                    hotplug = [d for d in devices if d.subsystem == "pci" and self._concerns_us(d)]
+                    if hotplug:
+                        yield DevicesChanged(reason=pci_events_summary(hotplug))
+                    if not devices or any(d.subsystem != "pci" for d in devices):
+                        for event in await asyncio.to_thread(self._node_health, ledger):
+                            yield event
+            finally:
+                self._events = None
+
+    def _concerns_us(self, device: pyudev.Device) -> bool:
+        """A PCI event that may change our device set: one of our chips, or a new Google function."""
+        if device.action not in _HOTPLUG:
+            return False
+        if any(chip.bus_id == device.sys_name for chip in self._chips.values()):
+            return True
+        pci_id = device.properties.get("PCI_ID")
+        return device.action in ("add", "bind") and (pci_id is None or pci_id.upper().startswith(f"{GOOGLE:04X}:"))
+
+    def _node_health(self, ledger: HealthLedger) -> list[HealthEvent]:
+        """Whether each chip's device node exists now; a chip without one cannot be used."""
+        events = []
+        for name, chip in self._chips.items():
+            node = _node(chip).path
+            present = (self.ctx.dev_root / node.removeprefix("/dev/")).exists()
+            reason = f"TPU {chip.bus_id}: device node {node} is {'there' if present else 'missing'}"
+            event = ledger.update(name, Health.HEALTHY if present else Health.UNHEALTHY, reason,
+                                  cause="device-node-missing")
+            if event is not None:
+                events.append(event)
+        ledger.keep_only(self._chips)
+        return events
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
         """The chips' device nodes, and the libtpu environment naming exactly the allocated chips."""
@@ -55,7 +116,10 @@ class TpuBackend(BuiltinBackend):
                 for a, c in zip(devices, chips, strict=True)]
 
     async def discover(self) -> Inventory:
-        return await asyncio.to_thread(self._discover)
+        inventory = await asyncio.to_thread(self._discover)
+        if self._events is not None:
+            self._events.wake()  # chips may have come or gone: check their nodes again
+        return inventory
 
     def _discover(self) -> Inventory:
         warnings: list[str] = []
@@ -92,7 +156,7 @@ class TpuBackend(BuiltinBackend):
                 warnings.append(f"TPU {bus_id}: on vfio-pci but without an IOMMU group; left out")
                 continue
             name = device_name("tpu", bus_id)
-            chips_now[name] = _Chip(index, kind, topology.iommu_group)
+            chips_now[name] = _Chip(bus_id, index, kind, topology.iommu_group)
             devices.append(Device(
                 name=name,
                 attributes={"type": "tpu", "generation": generation, "index": index, "deviceNodeKind": kind},

@@ -30,6 +30,7 @@ from agent.metrics import Metrics, MetricsServer
 from agent.plugins import find_plugins, load_plugins
 from agent.quantity import parse_quantity
 from agent.settings import Settings, load_settings
+from agent.udev import DEFAULT_SOURCE
 from backends.simulation.profile import builtin_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -353,6 +354,14 @@ def test_pod_settings() -> None:
     resources = container["resources"]
     assert {"cpu", "memory"} <= set(resources["requests"])
     assert parse_quantity(resources["limits"]["memory"]) >= parse_quantity(resources["requests"]["memory"])
+
+
+def test_pod_keeps_its_network_namespace_and_watches_kernel_uevents() -> None:
+    """docs/deploy.md, "Hot-plug events": kernel uevents of PCI, accel and vfio devices reach the pod's own network
+    namespace; hostNetwork would turn the metrics port into a host port and block the surge pod of an update."""
+    assert not _pod_spec().get("hostNetwork", False)
+    assert DEFAULT_SOURCE == "kernel", "udevd's events reach only the host's network namespace"
+    assert all("hostPort" not in p for p in _container().get("ports", []))
 
 
 def test_security_context() -> None:

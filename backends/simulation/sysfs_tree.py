@@ -2,7 +2,9 @@
 
 `bus/pci/devices/<BDF>` links point into `devices/pci<domain>:<bus>/…`, devices carry their ids, NUMA node,
 config space, `driver` and `iommu_group` links; PFs carry SR-IOV files and `virtfn<N>` links, VFs `physfn`;
-network and RDMA devices appear under the function and in `class/`. Device nodes are plain files.
+network and RDMA devices appear under the function and in `class/`, vfio groups under `devices/virtual/vfio`.
+Every device has its `uevent` file and `subsystem` link, so libudev (pyudev) accepts it. Device nodes are plain
+files.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def write_tree(plan: NodePlan, sysfs_root: Path, dev_root: Path) -> None:
     # would dominate the time to build it.
     sysfs, dev = str(sysfs_root), str(dev_root)
     for sub in ("devices", "bus/pci/devices", "bus/pci/drivers", "kernel/iommu_groups", "class/net",
-                "class/infiniband", "class/infiniband_verbs", "class/accel", "module"):
+                "class/infiniband", "class/infiniband_verbs", "class/accel", "class/vfio", "module"):
         os.makedirs(f"{sysfs}/{sub}", exist_ok=True)
     os.makedirs(dev, exist_ok=True)
     _write(f"{sysfs}/bus/pci/drivers_probe", "")
@@ -30,6 +32,8 @@ def write_tree(plan: NodePlan, sysfs_root: Path, dev_root: Path) -> None:
         write_driver(sysfs, driver)
     for fn in plan.functions:
         write_function(sysfs, fn)
+    for root_complex in sorted({fn.path[0] for fn in plan.functions}):
+        _write(f"{sysfs}/devices/{root_complex}/uevent", "")
     for gpu in plan.gpus:
         _write_gpu(dev, gpu)
     if plan.gpus:
@@ -75,6 +79,9 @@ def write_function(sysfs: str, fn: PciFunction) -> None:
     }
     for name, text in attrs.items():
         _write(f"{folder}/{name}", text + "\n")
+    # The kernel adds DRIVER= while a driver is bound; libudev reads the `driver` link instead, so it is left out.
+    _write(f"{folder}/uevent", f"PCI_CLASS={fn.class_code:X}\nPCI_ID={fn.vendor_id:04X}:{fn.device_id:04X}\n"
+                               f"PCI_SLOT_NAME={fn.bus_id}\n")
     _write(f"{folder}/config", config_space(fn))
     _link(f"{folder}/subsystem", f"{up}bus/pci")
     _link(f"{sysfs}/bus/pci/devices/{fn.bus_id}", "../../../devices/" + "/".join(fn.path))
@@ -142,8 +149,7 @@ def _write_nic(sysfs: str, dev: str, by_id: dict[str, PciFunction], nic: NicPlan
 
 def write_netdev(sysfs: str, fn: PciFunction, name: str, speed: int, up: bool) -> None:
     """A network interface below a function, linked from class/net."""
-    folder = f"{function_dir(sysfs, fn)}/net/{name}"
-    os.makedirs(folder, exist_ok=True)
+    folder = write_class_device(sysfs, fn, "net", name, f"INTERFACE={name}\n")
     mac = int.from_bytes(name.encode()[-5:].rjust(5, b"\0"), "big")
     attrs = {
         "operstate": "up" if up else "down",
@@ -153,20 +159,14 @@ def write_netdev(sysfs: str, fn: PciFunction, name: str, speed: int, up: bool) -
     }
     for attr, text in attrs.items():
         _write(f"{folder}/{attr}", text + "\n")
-    _link(f"{sysfs}/class/net/{name}", "../../devices/" + "/".join(fn.path) + f"/net/{name}")
 
 
 def write_rdma(sysfs: str, dev: str, fn: PciFunction, index: int) -> None:
     """An RDMA device (mlx5_N) and its verbs character device (uverbsN)."""
-    folder = function_dir(sysfs, fn)
-    ib = f"{folder}/infiniband/mlx5_{index}"
-    os.makedirs(ib, exist_ok=True)
-    verbs = f"{folder}/infiniband_verbs/uverbs{index}"
-    os.makedirs(verbs, exist_ok=True)
+    write_class_device(sysfs, fn, "infiniband", f"mlx5_{index}", f"NAME=mlx5_{index}\n")
+    verbs = write_class_device(sysfs, fn, "infiniband_verbs", f"uverbs{index}",
+                               f"MAJOR=231\nMINOR={192 + index}\nDEVNAME=infiniband/uverbs{index}\n")
     _write(f"{verbs}/dev", f"231:{192 + index}\n")
-    base = "../../devices/" + "/".join(fn.path)
-    _link(f"{sysfs}/class/infiniband/mlx5_{index}", f"{base}/infiniband/mlx5_{index}")
-    _link(f"{sysfs}/class/infiniband_verbs/uverbs{index}", f"{base}/infiniband_verbs/uverbs{index}")
     os.makedirs(f"{dev}/infiniband", exist_ok=True)
     _write(f"{dev}/infiniband/uverbs{index}", "")
     _write(f"{dev}/infiniband/rdma_cm", "")
@@ -174,16 +174,38 @@ def write_rdma(sysfs: str, dev: str, fn: PciFunction, index: int) -> None:
 
 def _write_tpu(sysfs: str, dev: str, fn: PciFunction, tpu: TpuPlan) -> None:
     if tpu.interface == "accel":
-        folder = f"{function_dir(sysfs, fn)}/accel/accel{tpu.index}"
-        os.makedirs(folder, exist_ok=True)
+        folder = write_class_device(sysfs, fn, "accel", f"accel{tpu.index}",
+                                    f"MAJOR=121\nMINOR={tpu.index}\nDEVNAME=accel{tpu.index}\n")
         _write(f"{folder}/dev", f"121:{tpu.index}\n")
-        _link(f"{sysfs}/class/accel/accel{tpu.index}",
-              "../../devices/" + "/".join(fn.path) + f"/accel/accel{tpu.index}")
         _write(f"{dev}/accel{tpu.index}", "")
     else:
         os.makedirs(f"{dev}/vfio", exist_ok=True)
         _write(f"{dev}/vfio/vfio", "")
-        _write(f"{dev}/vfio/{fn.iommu_group}", "")
+        write_vfio_group(sysfs, dev, fn.iommu_group)
+
+
+def write_class_device(sysfs: str, fn: PciFunction, cls: str, name: str, uevent: str) -> str:
+    """A class device (netdev, RDMA device, accel node) below a function, linked from class/<cls>; its folder."""
+    folder = f"{function_dir(sysfs, fn)}/{cls}/{name}"
+    os.makedirs(folder, exist_ok=True)
+    _write(f"{folder}/uevent", uevent)
+    up = "../" * (len(fn.path) + 3)  # from the class device's folder up to the sysfs root
+    _link(f"{folder}/subsystem", f"{up}class/{cls}")
+    _link(f"{folder}/device", f"../../../{fn.bus_id}")
+    _link(f"{sysfs}/class/{cls}/{name}", "../../devices/" + "/".join(fn.path) + f"/{cls}/{name}")
+    return folder
+
+
+def write_vfio_group(sysfs: str, dev: str, group: int) -> None:
+    """The vfio group of a function bound to vfio-pci: its class device and its /dev/vfio/<group> node."""
+    folder = f"{sysfs}/devices/virtual/vfio/{group}"
+    os.makedirs(folder, exist_ok=True)
+    # Group minors are handed out in order of binding; the group number stands in for that order here.
+    _write(f"{folder}/uevent", f"MAJOR=243\nMINOR={group}\nDEVNAME=vfio/{group}\n")
+    _write(f"{folder}/dev", f"243:{group}\n")
+    _link(f"{folder}/subsystem", "../../../../class/vfio")
+    _link(f"{sysfs}/class/vfio/{group}", f"../../devices/virtual/vfio/{group}")
+    _write(f"{dev}/vfio/{group}", "")
 
 
 def _write(path: str, content: str | bytes) -> None:

@@ -1,0 +1,138 @@
+"""The process's one udev monitor: uevents read on the event loop and handed to the backends that subscribed.
+
+    udev = open_udev_monitor(host)          # None, after a warning, where udev cannot be watched
+    if udev is not None:
+        udev.start()                        # on the running loop; events queue in the socket until then
+        ...                                 # BackendContext(..., udev=udev); backends call udev.subscribe()
+        udev.close()
+
+Source "kernel" (the default) receives the kernel's own uevents. They reach every network namespace of the
+host's user namespace, so a pod without the host's network sees them; they arrive before udevd has run its
+rules, which the backends do not need (they read sysfs). Source "udev" receives the events udevd re-sends
+after its rules: only in the host's network namespace, and only where udevd runs. Either way, a network
+device's uevents go only to the namespace the device is in. See docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+from agent.host import Host
+from agent.logs import get_logger
+
+if TYPE_CHECKING:
+    import pyudev
+
+__all__ = ["DEFAULT_SOURCE", "Handler", "Source", "UdevMonitor", "open_udev_monitor"]
+
+Source = Literal["kernel", "udev"]
+DEFAULT_SOURCE: Source = "kernel"
+Handler = Callable[["pyudev.Device"], None]
+
+# udevd asks for 128 MiB; a burst of hot-plug events (a PF with 64 VFs going away) must not overflow the
+# socket while the loop is busy. Raising the limit needs CAP_NET_ADMIN; without it the default stays.
+_RECEIVE_BUFFER = 16 * 1024 * 1024
+
+
+class UdevMonitor:
+    """A pyudev netlink monitor read on the asyncio loop; implements `backends.contract.DeviceEvents`."""
+
+    def __init__(self, monitor: pyudev.Monitor, source: Source = DEFAULT_SOURCE) -> None:
+        self.source = source
+        self._monitor: pyudev.Monitor | None = monitor
+        self._handlers: dict[str, list[Handler]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._log = get_logger("udev").bind(source=source)
+
+    def subscribe(self, subsystem: str, handler: Handler) -> Callable[[], None]:
+        """Call `handler(device)` on the loop for every event of `subsystem`; the returned function unsubscribes."""
+        if subsystem not in self._handlers and self._monitor is not None:
+            # The monitor's socket filter then drops other subsystems in the kernel.
+            self._monitor.filter_by(subsystem)
+        handlers = self._handlers.setdefault(subsystem, [])
+        handlers.append(handler)
+
+        def unsubscribe() -> None:
+            if handler in handlers:
+                handlers.remove(handler)
+
+        return unsubscribe
+
+    def start(self) -> None:
+        """Read events on the running loop from now on."""
+        if self._monitor is None:
+            raise RuntimeError("udev monitor used after close()")
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._monitor.fileno(), self._drain)
+
+    def close(self) -> None:
+        """Stop reading and close the netlink socket; subscribers hear nothing more."""
+        if self._monitor is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._monitor.fileno())
+        self._loop = None
+        self._handlers.clear()
+        # pyudev closes the socket when the monitor is released; nothing else holds it.
+        self._monitor = None
+
+    def _drain(self) -> None:
+        """Every event the socket holds now, each to its subsystem's handlers."""
+        while self._monitor is not None:
+            try:
+                device = self._monitor.poll(timeout=0)
+            except OSError as e:
+                if e.errno == errno.ENOBUFS:
+                    self._log.warning("udev events were lost: the receive buffer overflowed")
+                    continue
+                self._log.warning("cannot read a udev event", error=str(e))
+                return
+            if device is None:
+                return
+            self._dispatch(device)
+
+    def _dispatch(self, device: pyudev.Device) -> None:
+        subsystem = device.subsystem
+        self._log.debug("uevent", action=device.action, subsystem=subsystem, device=device.sys_name)
+        for handler in list(self._handlers.get(subsystem, ())):
+            try:
+                handler(device)
+            except Exception as e:  # one subscriber's bug must not starve the others
+                self._log.error("udev event handler failed", action=device.action, subsystem=subsystem,
+                                device=device.sys_name, error=f"{type(e).__name__}: {e}", exc_info=True)
+
+
+def open_udev_monitor(host: Host, source: Source = DEFAULT_SOURCE) -> UdevMonitor | None:
+    """The node's udev monitor, receiving already (not yet read: call `start()` on the loop).
+
+    None, after a warning, where udev cannot be watched: no libudev, no netlink socket (sandboxes, user
+    namespaces), or a simulated node this process does not see through umockdev; the agent then runs without
+    hot-plug: devices that appear or disappear are noticed at the next start.
+    """
+    log = get_logger("udev")
+    if host.profile is not None:
+        from backends.simulation.udev_preload import active_for
+
+        if not active_for(host.host_root):
+            log.warning("no udev events on this simulated node: they need umockdev's preload "
+                        "(`dra-agent run --simulate --sim-root DIR` re-executes under it when umockdev is installed)",
+                        sim_root=str(host.host_root))
+            return None
+    try:
+        import pyudev
+
+        monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
+        monitor.start()
+    except (ImportError, OSError) as e:
+        log.warning("no udev events: cannot watch udev; devices that appear or disappear are noticed at the "
+                    "next start", source=source, error=f"{type(e).__name__}: {e}")
+        return None
+    try:
+        monitor.set_receive_buffer_size(_RECEIVE_BUFFER)
+    except OSError as e:
+        log.debug("udev receive buffer left at the default", error=str(e))
+    return UdevMonitor(monitor, source)
