@@ -11,14 +11,14 @@ import pynvml
 
 from backends.simulation.nvml import SimulatedNvml
 
-WRAPPER = Path(__file__).resolve().parent.parent / "backends/nvidia/nvml.py"
+WRAPPERS = sorted((Path(__file__).resolve().parent.parent / "backends/nvidia").glob("nvml*.py"))
 _LOOKUP = re.compile(r'_nvmlGetFunctionPointer\("(\w+)"\)')
 
 
 def project_calls() -> dict[str, int]:
     """pynvml function → number of positional arguments the project passes to it."""
     calls: dict[str, int] = {}
-    for node in ast.walk(ast.parse(WRAPPER.read_text())):
+    for node in (n for path in WRAPPERS for n in ast.walk(ast.parse(path.read_text()))):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -36,6 +36,9 @@ def project_calls() -> dict[str, int]:
 def test_every_called_function_exists_with_a_compatible_signature() -> None:
     calls = project_calls()
     assert len(calls) > 20
+    # The health watcher's calls are covered too (nvml_events.py).
+    assert {"nvmlEventSetCreate", "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
+            "nvmlEventSetWait_v2", "nvmlEventSetFree", "nvmlDeviceGetHandleByUUID"} <= set(calls)
     for name, argc in calls.items():
         fn = getattr(pynvml, name, None)
         assert callable(fn), f"pynvml has no function {name}"
@@ -58,3 +61,14 @@ def test_simulation_implements_every_symbol_the_project_reaches() -> None:
 def test_simulated_symbols_are_ones_pynvml_looks_up() -> None:
     looked_up = set(_LOOKUP.findall(Path(pynvml.__file__).read_text()))
     assert SimulatedNvml.implemented_symbols() - looked_up == set()
+
+
+def test_event_constants_match_pynvml() -> None:
+    from backends.nvidia.health_rules import NO_INSTANCE, WATCHED_EVENTS, EventType
+    from backends.simulation import nvml_events as simulated
+
+    assert EventType.XID == simulated.EVENT_XID == pynvml.nvmlEventTypeXidCriticalError
+    assert EventType.DOUBLE_BIT_ECC == simulated.EVENT_DOUBLE_BIT_ECC == pynvml.nvmlEventTypeDoubleBitEccError
+    assert EventType.SINGLE_BIT_ECC == simulated.EVENT_SINGLE_BIT_ECC == pynvml.nvmlEventTypeSingleBitEccError
+    assert WATCHED_EVENTS == simulated.SUPPORTED_EVENTS
+    assert NO_INSTANCE == simulated.NO_INSTANCE == 0xFFFFFFFF

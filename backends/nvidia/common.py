@@ -1,13 +1,19 @@
-"""What the NVIDIA backends share: one NVML read per discovery, and the attributes every NVIDIA device carries
-(full GPU or MIG): product, architecture and version facts."""
+"""What the NVIDIA backends share: their base class (configuration and health stream), one NVML read per
+discovery, and the attributes every NVIDIA device carries (full GPU or MIG): product, architecture and version
+facts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import ClassVar
 
 from structlog.typing import FilteringBoundLogger
 
-from backends.contract import AttributeValue, Inventory, Version
+from backends.base import BuiltinBackend
+from backends.contract import AttributeValue, BackendContext, DevicesChanged, HealthEvent, Inventory, Version
+from backends.nvidia.config import GpuBackendConfig
+from backends.nvidia.health_feed import HealthFeed
+from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import (
     GpuInfo,
     GpuProblem,
@@ -19,9 +25,46 @@ from backends.nvidia.nvml import (
     system_info,
 )
 
-__all__ = ["clip", "gpu_attributes", "read_nvml"]
+__all__ = ["NvidiaBackend", "clip", "gpu_attributes", "read_nvml"]
 
 Reader = Callable[[SystemInfo, list[GpuInfo], list[GpuProblem]], Inventory]
+
+
+class NvidiaBackend(BuiltinBackend):
+    """Base of nvidia-gpu and nvidia-mig: typed health settings and a health stream over the shared watcher.
+
+    Subclasses call `watch(devices)` after each discovery with what every published device is in NVML terms.
+    """
+
+    config_model: ClassVar[type[GpuBackendConfig]] = GpuBackendConfig
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._feed: HealthFeed | None = None
+
+    async def start(self, ctx: BackendContext) -> None:
+        await super().start(ctx)
+        config = self._config
+        assert isinstance(config, GpuBackendConfig)
+        self._feed = HealthFeed(log=ctx.log, ignored_xids=config.ignored_xids, recheck_seconds=config.recheck_seconds,
+                                sysfs_root=ctx.sysfs_root, udev=ctx.udev, registry=ctx.registry)
+
+    def watch(self, devices: Mapping[str, DeviceRef]) -> None:
+        if self._feed is not None:
+            self._feed.set_devices(devices)
+
+    async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
+        """Xid, ECC, lost and unmonitored GPUs as health events of the devices on them; hot-plug as DevicesChanged.
+        Watching starts with the first iteration, so a one-off discovery never starts the watcher thread."""
+        if self._feed is None:
+            return
+        async for item in self._feed.stream(self._stopped):
+            yield item
+
+    async def stop(self) -> None:
+        await super().stop()  # ends the health stream
+        if self._feed is not None:
+            await self._feed.close()
 
 
 def read_nvml(log: FilteringBoundLogger, read: Reader) -> Inventory:

@@ -1,15 +1,40 @@
-"""Opaque configuration a claim or device class can give NVIDIA GPUs and MIG devices."""
+"""Configuration of the NVIDIA backends: their own settings (health watching, MIG mode), and the opaque
+configuration a claim or device class can give NVIDIA GPUs and MIG devices."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from backends.config import CONFIG_API_VERSION, OpaqueConfig
+from backends.config import CONFIG_API_VERSION, BackendConfig, OpaqueConfig
 from backends.nvidia.driver_files import Capability
+from backends.nvidia.health_rules import DEFAULT_IGNORED_XIDS
 
-__all__ = ["DEFAULT_GPU_CONFIG", "GpuConfig"]
+__all__ = ["DEFAULT_GPU_CONFIG", "GpuBackendConfig", "GpuConfig", "MigBackendConfig"]
+
+
+class GpuBackendConfig(BackendConfig):
+    """`backend_config.nvidia-gpu`: how GPU health is judged.
+
+    `ignoredXids` lists the Xid codes that leave a GPU healthy (the whole list: the default is NVIDIA's list of
+    application-caused Xids); `recheckSeconds` is how often a GPU that does not answer NVML is probed for its
+    recovery (only while one does not).
+    """
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    ignored_xids: frozenset[Annotated[int, Field(ge=0, le=0xFFFFFFFF)]] = Field(
+        default=DEFAULT_IGNORED_XIDS, alias="ignoredXids"
+    )
+    recheck_seconds: float = Field(default=30.0, alias="recheckSeconds", gt=0, le=3600)
+
+
+class MigBackendConfig(GpuBackendConfig):
+    """`backend_config.nvidia-mig`: the health settings of nvidia-gpu, and `mode` (`static`: publish the MIG
+    devices that exist)."""
+
+    mode: Literal["static"] = "static"
 
 
 class GpuConfig(OpaqueConfig):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from backends.base import BuiltinBackend
 from backends.contract import Allocated, ClaimRef, Device, Inventory, Prepared, PrepareError
-from backends.nvidia.common import gpu_attributes, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
 from backends.nvidia.config import DEFAULT_GPU_CONFIG, GpuConfig
 from backends.nvidia.driver_files import Capability, driver_mounts
+from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
 from backends.topology import device_name
 from cdi.spec import ContainerEdits, DeviceNode
@@ -19,7 +19,7 @@ __all__ = ["NvidiaGpuBackend"]
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 
-class NvidiaGpuBackend(BuiltinBackend):
+class NvidiaGpuBackend(NvidiaBackend):
     """Full NVIDIA GPUs found through NVML."""
 
     name = "nvidia-gpu"
@@ -29,6 +29,7 @@ class NvidiaGpuBackend(BuiltinBackend):
     def __init__(self) -> None:
         super().__init__()
         self._minors: dict[str, int] = {}  # device name → N of /dev/nvidiaN, from the last discovery
+        self._refs: dict[str, DeviceRef] = {}  # device name → its GPU, from the last discovery
         self._driver_version = ""
         self._warned_no_files = False
         # Control nodes and driver files per set of capabilities: the same for every claim until the driver
@@ -36,7 +37,9 @@ class NvidiaGpuBackend(BuiltinBackend):
         self._common: dict[tuple[Capability, ...], ContainerEdits] = {}
 
     async def discover(self) -> Inventory:
-        return await asyncio.to_thread(self._discover)
+        inventory = await asyncio.to_thread(self._discover)
+        self.watch(self._refs)
+        return inventory
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
         """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all."""
@@ -83,6 +86,7 @@ class NvidiaGpuBackend(BuiltinBackend):
             devices.append(device)
             warnings.extend(device_problems)
         self._minors = {device_name("gpu", g.bus_id): g.minor for g in gpus if not g.mig_enabled}
+        self._refs = {device_name("gpu", g.bus_id): DeviceRef(g.uuid, g.bus_id) for g in gpus if not g.mig_enabled}
         if system.driver_version != self._driver_version:
             self._common = {}
         self._driver_version = system.driver_version

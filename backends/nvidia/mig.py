@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Literal
 
-from backends.base import BuiltinBackend
-from backends.config import BackendConfig
 from backends.contract import AttributeValue, Device, Inventory
-from backends.nvidia.common import gpu_attributes, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
+from backends.nvidia.config import MigBackendConfig
+from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
 from backends.topology import PciTopology, device_name
 
 __all__ = ["NvidiaMigBackend", "mig_device_name"]
-
-
-class MigConfig(BackendConfig):
-    mode: Literal["static"] = "static"
 
 
 def mig_device_name(parent_bus_id: str, mig: MigInfo) -> str:
@@ -31,15 +26,21 @@ def mig_device_name(parent_bus_id: str, mig: MigInfo) -> str:
     return name if mig.full_instance else f"{name}-c{mig.compute_start}"
 
 
-class NvidiaMigBackend(BuiltinBackend):
-    """MIG devices found through NVML."""
+class NvidiaMigBackend(NvidiaBackend):
+    """MIG devices found through NVML; each follows its parent GPU's health, or its own when an event names it."""
 
     name = "nvidia-mig"
     driver = "gpu.nvidia.com"
-    config_model = MigConfig
+    config_model = MigBackendConfig
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._refs: dict[str, DeviceRef] = {}  # device name → its parent GPU and instance, from the last discovery
 
     async def discover(self) -> Inventory:
-        return await asyncio.to_thread(self._discover)
+        inventory = await asyncio.to_thread(self._discover)
+        self.watch(self._refs)
+        return inventory
 
     def _discover(self) -> Inventory:
         return read_nvml(self.ctx.log, self._inventory)
@@ -47,6 +48,7 @@ class NvidiaMigBackend(BuiltinBackend):
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         warnings = [p.message for p in problems if p.mig_enabled]
         devices: list[Device] = []
+        refs: dict[str, DeviceRef] = {}
         for gpu in gpus:
             if not gpu.mig_enabled:
                 continue
@@ -57,7 +59,11 @@ class NvidiaMigBackend(BuiltinBackend):
             except NvmlError as e:
                 warnings.append(f"GPU {gpu.bus_id}: MIG devices left out: {e}")
                 continue
-            devices.extend(self._device(mig, system, topology, warnings) for mig in migs)
+            for mig in migs:
+                device = self._device(mig, system, topology, warnings)
+                devices.append(device)
+                refs[device.name] = DeviceRef(gpu.uuid, gpu.bus_id, mig.gpu_instance_id, mig.compute_instance_id)
+        self._refs = refs
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
     def _device(self, mig: MigInfo, system: SystemInfo, topology: PciTopology, warnings: list[str]) -> Device:

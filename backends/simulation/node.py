@@ -1,4 +1,5 @@
-"""A simulated node on disk: its sysfs and /dev trees plus the simulated NVML plugged in under pynvml."""
+"""A simulated node on disk: its sysfs and /dev trees plus the simulated NVML plugged in under pynvml, with the
+NVML's control channel served under the node's root while the node is in use."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from backends.simulation.catalog import GPU_MODELS
 from backends.simulation.layout import NodePlan, plan_node
 from backends.simulation.nvml import SimGpu, SimulatedNvml
+from backends.simulation.nvml_control import control_socket, serve_control
 from backends.simulation.profile import NodeProfile, ProfileError, load_profile
 from backends.simulation.sysfs_tree import write_tree
 
@@ -47,6 +49,11 @@ class SimulatedNode:
         if plan.gpus:
             _write_driver_files(root, profile.nvidia.driver_version)
         return node
+
+    @property
+    def control_socket(self) -> Path:
+        """Where the node takes injected NVML events from other processes (see `nvml_control`)."""
+        return control_socket(self.root)
 
     @property
     def boot_id_file(self) -> Path:
@@ -146,7 +153,8 @@ def _memory_dir() -> str | None:
 
 @contextmanager
 def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iterator[SimulatedNode]:
-    """A node from a profile (name, path or object) with its NVML installed for the duration of the block.
+    """A node from a profile (name, path or object) with its NVML installed and its control channel served for
+    the duration of the block.
 
     Without `root` the node lives in a temporary folder removed afterwards; with `root` it is kept there
     (see `SimulatedNode.open`).
@@ -154,13 +162,13 @@ def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iter
     spec = load_profile(profile) if isinstance(profile, str) else profile
     if root is not None:
         node = SimulatedNode.open(spec, root)
-        with node.nvml:
+        with node.nvml, serve_control(node.nvml, node.root):
             yield node
         return
     base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir()))
     try:
         node = SimulatedNode.build(spec, base)
-        with node.nvml:
+        with node.nvml, serve_control(node.nvml, node.root):
             yield node
     finally:
         shutil.rmtree(base, ignore_errors=True)

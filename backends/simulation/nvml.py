@@ -3,17 +3,14 @@
 `SimulatedNvml(gpus).install()` puts an object in `pynvml.nvmlLib` whose methods are named after the C
 symbols pynvml looks up and take the same ctypes arguments, so pynvml's own wrapper code runs unchanged and
 returns the structs, strings and `NVMLError` subclasses it would on a real node. This module owns the
-system, device-identity and event entry points plus the test-facing controls (reset, events, lost GPUs,
-static MIG layouts); MIG entry points are in `nvml_mig`, state and rules in `nvml_state`, ctypes
-marshalling in `nvml_core`. Symbols not implemented are simply absent, so pynvml raises
+system and device-identity entry points, plugging in, and the test-facing controls for MIG layouts; MIG entry
+points are in `nvml_mig`, event sets and injected events, lost GPUs and reset in `nvml_events`, state and
+rules in `nvml_state`, ctypes marshalling in `nvml_core`. Symbols not implemented are simply absent, so pynvml raises
 `NVMLError_FunctionNotFound` as it would with an older driver.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -23,15 +20,20 @@ from backends.simulation.nvml_core import (
     Target,
     api,
     check_version,
-    handle_value,
     on_handle,
     out,
     set_fields,
     set_string,
     store_handle,
-    store_pointer_field,
     token,
     uint,
+)
+from backends.simulation.nvml_events import (
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_SINGLE_BIT_ECC,
+    EVENT_XID,
+    NO_INSTANCE,
+    EventSymbols,
 )
 from backends.simulation.nvml_mig import MigSymbols
 from backends.simulation.nvml_state import (
@@ -57,14 +59,9 @@ __all__ = [
     "SimulatedNvmlError",
 ]
 
-EVENT_SINGLE_BIT_ECC = 0x1  # nvmlEventTypeSingleBitEccError
-EVENT_DOUBLE_BIT_ECC = 0x2  # nvmlEventTypeDoubleBitEccError
-EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
-_SUPPORTED_EVENTS = EVENT_XID | EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC
-NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a whole-GPU event
 _MIB = 1 << 20
 _NVIDIA = 0x10DE
-_GPU, _MIG, _SET = HandleKind.GPU, HandleKind.MIG_DEVICE, HandleKind.EVENT_SET
+_GPU, _MIG = HandleKind.GPU, HandleKind.MIG_DEVICE
 
 _MESSAGES = {
     NvmlReturn.SUCCESS: "Success",
@@ -95,28 +92,13 @@ class _ErrorString:
             return b"Unknown Error"
 
 
-class _Event(NamedTuple):
-    gpu: int
-    event_type: int
-    data: int
-    gi: int
-    ci: int
-
-
-@dataclass(eq=False)
-class _EventSet:
-    id: int
-    masks: dict[int, int] = field(default_factory=dict)  # GPU index → registered event types
-    queue: deque[_Event] = field(default_factory=deque)
-
-
 class _Saved(NamedTuple):
     lib: object
     cache: dict[str, object]
     refcount: int
 
 
-class SimulatedNvml(MigSymbols):
+class SimulatedNvml(MigSymbols, EventSymbols):
     """The simulated library: GPUs in PCI bus-id order (NVML's order; index = position).
 
     Thread-safe: one lock guards all state, as the agent calls NVML from worker threads and an event thread.
@@ -130,8 +112,6 @@ class SimulatedNvml(MigSymbols):
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self._error_string = _ErrorString()
-        self._event_sets: dict[int, _EventSet] = {}
-        self._next_set = 1
         self._saved: _Saved | None = None
 
     @classmethod
@@ -183,41 +163,10 @@ class SimulatedNvml(MigSymbols):
         """The GPUs in NVML index order."""
         return tuple(self._gpus)
 
-    def reset_gpu(self, index: int) -> None:
-        """Reset GPU `index`: the pending MIG mode becomes current; nothing else changes."""
-        with self._lock:
-            gpu = self._gpus[index]
-            gpu.mig_enabled = gpu.mig_pending
-
     def set_busy(self, index: int, busy: bool = True) -> None:
         """Mark GPU `index` as running processes (a MIG mode change then fails with IN_USE)."""
         with self._lock:
             self._gpus[index].busy = busy
-
-    def set_lost(self, index: int, lost: bool = True) -> None:
-        """Make GPU `index` fall off the bus (every call on it returns GPU_IS_LOST) or come back."""
-        with self._lock:
-            self._gpus[index].lost = lost
-            self._changed.notify_all()  # event waiters on this GPU must return GPU_IS_LOST now
-
-    def inject_event(
-        self, index: int, event_type: int, data: int = 0, gi: int = NO_INSTANCE, ci: int = NO_INSTANCE
-    ) -> int:
-        """Queue an event for every event set GPU `index` is registered in for `event_type`; wakes waiters.
-
-        Returns the number of event sets that received it.
-        """
-        with self._lock:
-            _ = self._gpus[index]  # IndexError for an unknown GPU
-            sets = [s for s in self._event_sets.values() if s.masks.get(index, 0) & event_type]
-            for s in sets:
-                s.queue.append(_Event(index, event_type, data, gi, ci))
-            self._changed.notify_all()
-            return len(sets)
-
-    def inject_xid(self, index: int, xid: int, gi: int = NO_INSTANCE, ci: int = NO_INSTANCE) -> int:
-        """Queue an Xid critical-error event (eventData = `xid`); see `inject_event`."""
-        return self.inject_event(index, EVENT_XID, xid, gi, ci)
 
     def create_instance(self, index: int, profile_name: str, start: int) -> tuple[int, int]:
         """Create a GPU instance of `profile_name` at `start` with one full-size compute instance.
@@ -272,8 +221,7 @@ class SimulatedNvml(MigSymbols):
     def nvmlShutdown(self) -> int:
         self._init_count -= 1
         if self._init_count == 0:
-            self._event_sets.clear()
-            self._changed.notify_all()  # blocked waiters return UNINITIALIZED
+            self._release_event_sets()
         return NvmlReturn.SUCCESS
 
     @property
@@ -457,68 +405,4 @@ class SimulatedNvml(MigSymbols):
             computeInstanceSliceCount=ci_slices,
             memorySizeMB=mib,
         )
-        return NvmlReturn.SUCCESS
-
-    # -- events --------------------------------------------------------------------------------------
-
-    def _event_set(self, handle: Any) -> _EventSet:
-        value = handle_value(handle) or 0
-        s = self._event_sets.get(value & 0xFFFFFFFF) if value >> 48 == _SET else None
-        if s is None:
-            raise SimulatedNvmlError(NvmlReturn.ERROR_INVALID_ARGUMENT, f"not an event set: {handle!r}")
-        return s
-
-    @api
-    def nvmlEventSetCreate(self, event_set: Any) -> int:
-        s = _EventSet(self._next_set)
-        self._next_set += 1
-        self._event_sets[s.id] = s
-        store_handle(event_set, token(_SET) | s.id)
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetSupportedEventTypes(self, t: Target, types: Any) -> int:
-        out(types).value = _SUPPORTED_EVENTS
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceRegisterEvents(self, t: Target, types: Any, event_set: Any) -> int:
-        s = self._event_set(event_set)
-        mask = uint(types)
-        if t.mig or mask & ~_SUPPORTED_EVENTS:
-            return NvmlReturn.ERROR_NOT_SUPPORTED  # per-MIG-device registration does not exist
-        s.masks[t.index] = s.masks.get(t.index, 0) | mask
-        return NvmlReturn.SUCCESS
-
-    @api
-    def nvmlEventSetWait_v2(self, event_set: Any, data: Any, timeout_ms: Any) -> int:
-        s = self._event_set(event_set)
-        record = out(data)
-        deadline = time.monotonic() + uint(timeout_ms) / 1000
-        for index in s.masks:
-            code = self._gpus[index].faults.get("nvmlEventSetWait_v2", 0)
-            if code:
-                return code
-        while True:
-            if self._init_count == 0:
-                return NvmlReturn.ERROR_UNINITIALIZED
-            if self._event_sets.get(s.id) is not s:
-                return NvmlReturn.ERROR_INVALID_ARGUMENT  # freed while waiting
-            if s.queue:
-                ev = s.queue.popleft()
-                store_pointer_field(record, "device", token(_GPU, ev.gpu))
-                set_fields(record, eventType=ev.event_type, eventData=ev.data,
-                           gpuInstanceId=ev.gi, computeInstanceId=ev.ci)
-                return NvmlReturn.SUCCESS
-            if any(self._gpus[i].lost for i in s.masks):
-                return NvmlReturn.ERROR_GPU_IS_LOST
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return NvmlReturn.ERROR_TIMEOUT
-            self._changed.wait(remaining)  # releases the lock while sleeping
-
-    @api
-    def nvmlEventSetFree(self, event_set: Any) -> int:
-        del self._event_sets[self._event_set(event_set).id]
-        self._changed.notify_all()
         return NvmlReturn.SUCCESS

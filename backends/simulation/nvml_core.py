@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -177,6 +178,12 @@ class LibraryCore:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # event waiters sleep here
         self._init_count = 0
+        self._calls: Counter[str] = Counter()
+
+    def call_count(self, symbol: str) -> int:
+        """How often the C symbol `symbol` has been called (tests count wake-ups and probes with it)."""
+        with self._lock:
+            return self._calls[symbol]
 
     def _admit(self, gpu: SimGpu, symbol: str) -> None:
         """Apply the GPU's lost flag and any fault injected for `symbol`."""
@@ -208,8 +215,9 @@ class LibraryCore:
         return Target(HandleKind(kind), index, gpu, gi, ci)
 
 
-def _run(self: LibraryCore, body: Callable[[], int]) -> int:
+def _run(self: LibraryCore, symbol: str, body: Callable[[], int]) -> int:
     with self._lock:
+        self._calls[symbol] += 1
         try:
             if self._init_count == 0:
                 raise SimulatedNvmlError(NvmlReturn.ERROR_UNINITIALIZED)
@@ -223,7 +231,7 @@ def api(fn: Callable[Concatenate[_L, _P], int]) -> Callable[Concatenate[_L, _P],
 
     @functools.wraps(fn)
     def call(self: _L, /, *args: _P.args, **kwargs: _P.kwargs) -> int:
-        return _run(self, lambda: fn(self, *args, **kwargs))
+        return _run(self, fn.__name__, lambda: fn(self, *args, **kwargs))
 
     return call
 
@@ -243,7 +251,7 @@ def on_handle(
                 self._admit(target.gpu, symbol)
                 return fn(self, target, *args, **kwargs)
 
-            return _run(self, body)
+            return _run(self, symbol, body)
 
         return call
 
