@@ -27,6 +27,7 @@ from agent.plugins import LoadedPlugin
 from agent.publisher import Publisher
 from agent.server import SocketError
 from agent.settings import Settings
+from agent.udev import UdevMonitor, open_udev_monitor
 from backends.simulation.profile import ProfileError
 
 __all__ = ["Agent", "run"]
@@ -50,6 +51,7 @@ class Agent:
         self._plugins: list[LoadedPlugin] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: MetricsServer | None = None
+        self._udev: UdevMonitor | None = None
         self._started = False
         self._announced = False
         self._log = get_logger("agent").bind(node=self.node)
@@ -60,7 +62,12 @@ class Agent:
         return self._started and all(d.published.is_set() for d in self.drivers.values() if d.active)
 
     async def start(self) -> None:
-        found = await survey(self.settings, self.host, registry=self.metrics.registry)
+        # Opened before the backends start, so no hot-plug between their discovery and their subscription is lost:
+        # events queue in the netlink socket until read.
+        self._udev = open_udev_monitor(self.host)
+        if self._udev is not None:
+            self._udev.start()
+        found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry)
         self._plugins = found.started
         setup = DriverSetup(self.settings, self.node, self.kube, self.publisher, self.metrics,
                             read_boot_id(_proc(self.host)))
@@ -100,6 +107,8 @@ class Agent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(d.stop(grace) for d in self.drivers.values()))
         await stop_all(self._plugins)
+        if self._udev is not None:
+            self._udev.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
 
