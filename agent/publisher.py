@@ -57,7 +57,8 @@ class _Pool:
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
     published: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    recent_writes: list[float] = field(default_factory=list)  # loop times of recent syncs that wrote
+    recent_writes: list[float] = field(default_factory=list)  # loop times of recent syncs that repaired
+    synced: Sequence[Mapping[str, Any]] | None = None  # the desired slices of the last sync
     reachable: asyncio.Event = field(default_factory=asyncio.Event)  # the server answered a list again
 
 
@@ -196,10 +197,15 @@ class Publisher:
         if not owner:  # publish now, and add the owner once the Node can be read
             asyncio.get_running_loop().call_later(_jittered(OWNER_RETRY), pool.dirty.set)
         plan = plan_pool(desired, list(pool.cache.values()), owner)
+        # A write for slices we already made as desired repairs a change made by someone else; writes for our
+        # own changes (health, hot-plug) are never paced, however many come.
+        repair = desired == pool.synced
+        pool.synced = desired
         if plan.writes:
             self._log.info("publishing slices", driver=pool.driver, generation=plan.generation,
                            deletes=len(plan.deletes), updates=len(plan.updates), creates=len(plan.creates))
-            await self._pace(pool)
+            if repair:
+                await self._pace(pool)
         for obj in plan.deletes:
             meta = obj["metadata"]
             await self._kube.delete_slice(meta["name"], meta.get("uid"), meta.get("resourceVersion"))
@@ -216,7 +222,7 @@ class Publisher:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-        if plan.writes:
+        if plan.writes and repair:
             pool.recent_writes.append(asyncio.get_running_loop().time())
         if self._metrics is not None:
             self._metrics.published_devices.labels(pool.driver).set(
@@ -225,8 +231,8 @@ class Publisher:
         pool.published.set()
 
     async def _pace(self, pool: _Pool) -> None:
-        """Slow down when the pool is rewritten again and again: something (a server default, another writer
-        fighting over the slices) changes what we wrote, and a hot loop would load the API server. Only syncs
+        """Slow down when the pool is repaired again and again: something (a server default, another writer
+        fighting over the slices) changes what we wrote, and a hot loop would load the API server. Only repairs
         whose writes all landed count: failed ones have their own backoff."""
         now = asyncio.get_running_loop().time()
         pool.recent_writes = [t for t in pool.recent_writes if now - t < _BURST_SECONDS]

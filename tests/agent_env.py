@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,28 @@ from agent.testing.apiserver import TestApiServer
 from backends.contract import ClaimRef
 
 NODE = "node-a"
+
+
+@contextmanager
+def memory_dir(prefix: str) -> Iterator[Path]:
+    """A short-named empty directory in RAM when possible (this machine's disk makes file creation slow), named
+    by a link below /tmp: umockdev's preload takes every path below /dev for a device node, so a simulated node
+    watched through it must not be reached through /dev/shm."""
+    if not os.access("/dev/shm", os.W_OK):
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+        return
+    real = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
+    link = Path(tempfile.gettempdir()) / real.name
+    try:
+        link.symlink_to(real)
+        yield link
+    finally:
+        link.unlink(missing_ok=True)
+        shutil.rmtree(real, ignore_errors=True)
 
 
 def settings_for(root: Path, kubeconfig: Path, profile: str, **extra: Any) -> Settings:
@@ -47,6 +71,8 @@ def flags_for(settings: Settings) -> list[str]:
         flags += ["--pod-uid", settings.pod_uid]
     if settings.backends:
         flags += ["--backends", ",".join(settings.backends)]
+    if settings.metrics_address:
+        flags += ["--metrics-address", settings.metrics_address]
     return flags
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -15,15 +13,14 @@ import pytest
 
 from agent.cli import main
 from backends.simulation.node import SimulatedNode, simulated_node
+from tests.agent_env import memory_dir
 
 
 @pytest.fixture
 def scratch() -> Iterator[Path]:
-    """A short-named empty directory in RAM when possible (this machine's disk makes file creation slow)."""
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    path = Path(tempfile.mkdtemp(prefix="dra-t-", dir=base))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    """A short-named empty directory in RAM when possible (see `memory_dir`)."""
+    with memory_dir("dra-t-") as path:
+        yield path
 
 
 @pytest.fixture

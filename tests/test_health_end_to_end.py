@@ -5,6 +5,8 @@ users see them: the kubelet's health stream, the slices' taints, prepare answers
 from __future__ import annotations
 
 import json
+import socket
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ class Node:
     kubelet: KubeletSimulator
     agent: AgentProcess
     root: Path
+    metrics_address: str
 
     def devices(self, driver: str) -> set[str]:
         return {d["name"] for s in self.slices(driver) for d in s["spec"].get("devices", ())}
@@ -57,6 +60,17 @@ class Node:
     def udev(self) -> UdevInjector:
         return UdevInjector(self.root)
 
+    def metrics(self) -> dict[str, float]:
+        """The agent's /metrics samples, by their text form (`name{labels}`)."""
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
     def log_lines(self) -> list[dict[str, Any]]:
         lines = []
         for line in self.agent.output().splitlines():
@@ -72,7 +86,8 @@ async def node(scratch: Path) -> AsyncIterator[Node]:
     async with AsyncExitStack() as stack:
         server = await stack.enter_async_context(TestApiServer())
         server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "mixed", log_level="info")
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "mixed", log_level="info",
+                                metrics_address=f"127.0.0.1:{_free_port()}")
         assert settings.sim_root is not None
         preload_env(settings.sim_root)  # skips without umockdev
         # Recovery of a GPU that was reset is found by probing it; a short period keeps the test short.
@@ -81,7 +96,7 @@ async def node(scratch: Path) -> AsyncIterator[Node]:
         await agent.start()
         stack.push_async_callback(agent.stop)
         kubelet = await stack.enter_async_context(KubeletSimulator(settings.registry_dir))
-        result = Node(server, kubelet, agent, settings.sim_root)
+        result = Node(server, kubelet, agent, settings.sim_root, str(settings.metrics_address))
         try:
             await kubelet.wait_for_plugin(GPU, timeout=30)
             await kubelet.wait_for_plugin(NIC, timeout=30)
@@ -92,6 +107,13 @@ async def node(scratch: Path) -> AsyncIterator[Node]:
             print(agent.output())
             raise
         yield result
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def health_is(devices: set[str], status: HealthStatus) -> Callable[[HealthView], bool]:
@@ -115,6 +137,12 @@ async def test_xid_79_taints_the_gpu_refuses_prepares_until_it_is_reset(node: No
     await wait_until(lambda: node.taints(GPU) == {WHOLE_GPU: [(f"{GPU}/xid", "79", "NoSchedule")]}, timeout=5)
     error = await prepare_error(node, plugin, "after-xid", GPU, WHOLE_GPU)
     assert error == f"not prepared, unhealthy device(s): {WHOLE_GPU}: Xid 79: GPU has fallen off the bus"
+    metrics = node.metrics()
+    assert metrics['dra_agent_nvidia_xids_total{code="79"}'] == 1
+    assert metrics[f'dra_agent_device_health{{device="{WHOLE_GPU}",driver="{GPU}",health="Unhealthy"}}'] == 1
+    assert metrics[f'dra_agent_device_health_changes_total{{cause="xid",driver="{GPU}",health="Unhealthy"}}'] == 1
+    assert metrics[f'dra_agent_health_stream_clients{{driver="{GPU}"}}'] == 1
+    assert metrics[f'dra_agent_node_requests_total{{driver="{GPU}",operation="prepare",outcome="error"}}'] == 1
 
     node.nvml("reset", "0")
     await node.kubelet.wait_for_health(GPU, health_is(everything, HealthStatus.HEALTHY), timeout=10)

@@ -248,6 +248,20 @@ async def test_faults_converge_and_the_publisher_stays_up(make_env: Callable[...
     await wait_until(in_sync(env, inventory), 10)
 
 
+async def test_many_changes_of_our_own_are_never_slowed_down(make_env: Callable[..., Any]) -> None:
+    """A device flapping (a link going down and up) is as many desired changes: each is written at once."""
+    env = await make_env()
+    inventory = Inventory(GPU, devices(3))
+    await published(env, inventory)
+    with capture_logs() as logs:
+        for flap in range(2 * 10 + 2):
+            down = flap % 2 == 0
+            inventory.taints = {"dev-0001": [{"key": f"{GPU}/link-down", "effect": "NoSchedule"}]} if down else {}
+            env.publisher.publish(GPU, inventory.build)
+            await wait_until(lambda d=down: bool(env.slices()[0]["spec"]["devices"][1].get("taints")) == d, 2)
+    assert not [e for e in logs if e["event"].startswith("slices keep changing")]
+
+
 @pytest.mark.slow
 async def test_a_writer_fighting_over_the_slices_slows_the_publisher_down(make_env: Callable[..., Any]) -> None:
     env = await make_env()

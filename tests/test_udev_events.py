@@ -205,7 +205,7 @@ def test_uevents_reach_a_listener_in_libudevs_format(sim_node: Callable[[str], S
     properties = dict(p.split("=", 1) for p in message[offset : offset + length].decode().split("\0") if p)
     assert properties["ACTION"] == "change" and properties["SUBSYSTEM"] == "net"
     assert properties["DEVPATH"] == "/" + os.path.relpath(os.path.realpath(node.sysfs / "class/net" / nic.netdev),
-                                                          node.sysfs)
+                                                          os.path.realpath(node.sysfs))
     assert int(properties["SEQNUM"]) > 0
     assert Uevent("add", "/devices/x", "pci").encode(5).endswith(b"SEQNUM=5\0")
 
@@ -228,6 +228,12 @@ def test_libudev_accepts_the_simulated_tree(sim_node: Callable[[str], SimulatedN
 
 
 # Without umockdev -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["/dev/shm/node", "/sys/node", "/proc/node"])
+def test_a_node_reached_below_a_device_tree_is_refused(where: str) -> None:
+    with pytest.raises(udev_preload.UdevPreloadError, match=f"lies below /{where.split('/')[1]}.*keep the node elsewhere"):
+        udev_preload.environment(Path(where))
 
 
 def test_without_umockdev_no_preload_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

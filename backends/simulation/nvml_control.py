@@ -61,8 +61,8 @@ def _address(path: Path) -> Iterator[str]:
 
 
 class ControlServer:
-    """Serves one simulated NVML's control socket from a daemon thread (no polling: select on the socket and a
-    wake-up pipe)."""
+    """Serves one simulated NVML's control socket from a daemon thread (no polling: the thread sleeps in poll(2)
+    on the socket and a wake-up pipe; not select(2), which cannot watch descriptors above 1023)."""
 
     def __init__(self, nvml: SimulatedNvml, path: Path) -> None:
         self.nvml = nvml
@@ -105,8 +105,11 @@ class ControlServer:
 
     def _serve(self) -> None:
         assert self._sock is not None
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while True:
-            ready, _, _ = select.select([self._sock.fileno(), self._wake_r], [], [])
+            ready = {fd for fd, _ in poller.poll()}
             if self._wake_r in ready:
                 return
             try:

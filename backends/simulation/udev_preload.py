@@ -21,6 +21,9 @@ PRELOAD = "libumockdev-preload.so.0"
 
 # The preload binds each netlink monitor at <root>/event<fd> in a sockaddr_un, whose path holds 107 bytes.
 _SOCKET_PATH_MAX = 107 - len("/event65535")
+# The trees the preload redirects into the testbed: the agent must reach the node by a path outside them (the
+# node's folder may be in them, e.g. in /dev/shm, if reached through a link).
+_DEVICE_TREES = ("/dev", "/sys", "/proc")
 
 
 class UdevPreloadError(Exception):
@@ -29,6 +32,12 @@ class UdevPreloadError(Exception):
 
 def environment(root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """`base` (default: this process's environment) plus what runs a process under the preload for `root`."""
+    where = os.path.abspath(root)
+    for special in _DEVICE_TREES:
+        if where == special or where.startswith(special + "/"):
+            raise UdevPreloadError(f"the node's path {where} lies below {special}, where umockdev's preload takes "
+                                   "every file for one of the node's own (a device node: it would hold a socket "
+                                   "open for each file the agent opens); keep the node elsewhere, e.g. below /tmp")
     if ctypes.util.find_library("umockdev-preload") is None:
         raise UdevPreloadError(f"umockdev is not installed ({PRELOAD} not found; Debian package umockdev)")
     testbed = str(root.resolve())
