@@ -20,6 +20,7 @@ from agent.driver import Driver, DriverSetup
 from agent.host import Host, NodeNameError, open_host, resolve_node_name
 from agent.inventory import BackendReport, stop_all, survey
 from agent.kube import KubeClient, KubeError
+from agent.links import LinkMonitor, open_link_monitor
 from agent.logs import get_logger
 from agent.metrics import Metrics, MetricsServer
 from agent.notify import Notifier
@@ -52,6 +53,7 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: MetricsServer | None = None
         self._udev: UdevMonitor | None = None
+        self._links: LinkMonitor | None = None
         self._started = False
         self._announced = False
         self._log = get_logger("agent").bind(node=self.node)
@@ -67,7 +69,11 @@ class Agent:
         self._udev = open_udev_monitor(self.host)
         if self._udev is not None:
             self._udev.start()
-        found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry)
+        self._links = open_link_monitor()
+        if self._links is not None:
+            self._links.start()
+        found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry,
+                             links=self._links)
         self._plugins = found.started
         setup = DriverSetup(self.settings, self.node, self.kube, self.publisher, self.metrics,
                             read_boot_id(_proc(self.host)))
@@ -107,8 +113,9 @@ class Agent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(d.stop(grace) for d in self.drivers.values()))
         await stop_all(self._plugins)
-        if self._udev is not None:
-            self._udev.close()
+        for monitor in (self._udev, self._links):
+            if monitor is not None:
+                monitor.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
 

@@ -15,7 +15,7 @@ from agent.host import Host
 from agent.logs import get_logger
 from agent.plugins import FoundPlugin, LoadedPlugin, PluginFailure, find_plugins, load_plugins
 from agent.settings import Settings
-from backends.contract import BackendContext, BackendError, CounterSet, Device, DeviceEvents, Inventory
+from backends.contract import BackendContext, BackendError, CounterSet, Device, DeviceEvents, Inventory, LinkEvents
 from backends.topology import TopologyReader
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ async def start_all(
     config_for: Callable[[str], Mapping[str, Any]],
     udev: DeviceEvents | None = None,
     registry: CollectorRegistry | None = None,
+    links: LinkEvents | None = None,
 ) -> tuple[list[LoadedPlugin], dict[str, str]]:
     """Start every backend; returns the started ones and an error message per backend that failed to start."""
     topology = TopologyReader(host.sysfs_root)
@@ -65,7 +66,7 @@ async def start_all(
     async def start(plugin: LoadedPlugin) -> str | None:
         name = plugin.found.name
         ctx = BackendContext(host.sysfs_root, host.dev_root, host.host_root, topology, config_for(name),
-                             get_logger(name), udev, registry)
+                             get_logger(name), udev, registry, links)
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 await plugin.backend.start(ctx)
@@ -163,10 +164,11 @@ class Survey:
 
 
 async def survey(settings: Settings, host: Host, udev: DeviceEvents | None = None,
-                 registry: CollectorRegistry | None = None) -> Survey:
+                 registry: CollectorRegistry | None = None, links: LinkEvents | None = None) -> Survey:
     """Find, load and start the enabled backends and run their discovery; every problem is logged once.
 
-    `udev` and `registry` are handed to the backends (hot-plug and health events; their own metrics)."""
+    `udev`, `links` and `registry` are handed to the backends (hot-plug, link and health events; their own
+    metrics)."""
     log = get_logger("discovery")
     found, failures = find_plugins()
     loaded, load_failures = load_plugins(found, settings.backends)
@@ -175,7 +177,7 @@ async def survey(settings: Settings, host: Host, udev: DeviceEvents | None = Non
         log.warning("backend skipped", backend=failure.name, distribution=failure.distribution,
                     reason=failure.message)
     started, start_errors = await start_all(loaded, host, lambda name: settings.backend_config.get(name, {}), udev,
-                                            registry)
+                                            registry, links)
     for name, error in start_errors.items():
         log.warning("backend failed to start", backend=name, reason=error)
     try:

@@ -39,6 +39,7 @@ __all__ = [
     "Health",
     "HealthEvent",
     "Inventory",
+    "LinkEvents",
     "PrepareError",
     "Prepared",
     "Version",
@@ -152,6 +153,8 @@ class BackendContext:
     """The node's udev events; None where udev cannot be watched (then there is no hot-plug)."""
     registry: CollectorRegistry | None = None
     """Where a backend registers its own Prometheus metrics (named `dra_agent_<backend>_...`)."""
+    links: LinkEvents | None = None
+    """The node's network link changes (rtnetlink); None where they cannot be watched."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,15 @@ class DeviceEvents(Protocol):
     def subscribe(self, subsystem: str, handler: Callable[[pyudev.Device], None]) -> Callable[[], None]:
         """Call `handler` on the event loop for every event of `subsystem` ("pci", "net", ...), with the
         device's `action` set; the returned function unsubscribes."""
+
+
+class LinkEvents(Protocol):
+    """The node's network links going down or up, appearing or going: what the kernel reports over rtnetlink
+    and not as uevents. Shared by the backends like `DeviceEvents`."""
+
+    def subscribe(self, handler: Callable[[str], None]) -> Callable[[], None]:
+        """Call `handler(interface name)` on the event loop for every such change (read the state from sysfs);
+        the returned function unsubscribes."""
 
 
 class BackendError(Exception):

@@ -4,8 +4,9 @@ A physical function is any network-class PCI function with `sriov_totalvfs` > 0;
 `virtfn<N>` links. Each VF is one allocatable device carrying its PF, kernel driver, netdev, RDMA capability
 and the standard topology attributes, so a claim can pair it with a GPU on the same PCIe root or switch.
 
-Health, from udev: a PF whose link is down makes all its VFs unhealthy (read from sysfs at start, after each
-discovery and when the PF's netdev has a uevent); network functions added or removed change the device set.
+Health, from udev and rtnetlink: a PF whose link is down makes all its VFs unhealthy (read from sysfs at start,
+after each discovery, when the PF's netdev has a uevent and when rtnetlink says its link went down or up);
+network functions added or removed change the device set.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class SriovNicBackend(BuiltinBackend):
         ledger = HealthLedger()
         with DeviceEventQueue(self.ctx.udev, ("pci", "net"), self._stopped) as events:
             self._events = events
+            # A link going down or up comes over rtnetlink only: an empty batch makes the links be read again.
+            stop_links = self.ctx.links.subscribe(self._on_link) if self.ctx.links is not None else None
             try:
                 async for devices in events:
                     hotplug = [d for d in devices if d.subsystem == "pci" and self._concerns_us(d)]
@@ -67,7 +70,13 @@ class SriovNicBackend(BuiltinBackend):
                         for event in await asyncio.to_thread(self._link_health, ledger):
                             yield event
             finally:
+                if stop_links is not None:
+                    stop_links()
                 self._events = None
+
+    def _on_link(self, name: str) -> None:
+        if name in self._netdevs and self._events is not None:
+            self._events.wake()
 
     def _concerns_us(self, device: pyudev.Device) -> bool:
         """A PCI event that may change our device set: one of our functions, or a new network function."""
