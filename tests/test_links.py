@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import struct
-import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -98,25 +97,32 @@ async def test_a_real_link_going_up_and_down_is_heard() -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 to create a veth pair")
     name, peer = f"drat{uuid.uuid4().hex[:6]}", f"drap{uuid.uuid4().hex[:6]}"
-    made = subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", peer],
-                          capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot create a veth pair here: {made.stderr.strip()}")
+    status, error = await ip("link", "add", name, "type", "veth", "peer", "name", peer)
+    if status != 0:
+        pytest.skip(f"cannot create a veth pair here: {error}")
     monitor = open_link_monitor()
     assert monitor is not None
     heard: list[str] = []
     monitor.subscribe(heard.append)
     monitor.start()
     try:
-        subprocess.run(["ip", "link", "set", name, "up"], check=True)
-        subprocess.run(["ip", "link", "set", peer, "up"], check=True)  # carrier on both ends now
+        assert await ip("link", "set", name, "up") == (0, "")
+        assert await ip("link", "set", peer, "up") == (0, "")  # carrier on both ends now
         await wait_for(lambda: name in heard, timeout=5)
         count = heard.count(name)
-        subprocess.run(["ip", "link", "set", peer, "down"], check=True)  # the cable is pulled
+        assert await ip("link", "set", peer, "down") == (0, "")  # the cable is pulled
         await wait_for(lambda: heard.count(name) > count, timeout=5)
     finally:
         monitor.close()
-        subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+        await ip("link", "del", name)
+
+
+async def ip(*args: str) -> tuple[int, str]:
+    """Run iproute2's `ip`; its exit status and error output."""
+    process = await asyncio.create_subprocess_exec("ip", *args, stdout=asyncio.subprocess.DEVNULL,
+                                                   stderr=asyncio.subprocess.PIPE)
+    _, error = await process.communicate()
+    return process.returncode or 0, error.decode().strip()
 
 
 class Links:
