@@ -73,7 +73,7 @@ class Agent:
         if self._links is not None:
             self._links.start()
         found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry,
-                             links=self._links)
+                             links=self._links, state_root=self.settings.state_dir / "backends")
         self._plugins = found.started
         setup = DriverSetup(self.settings, self.node, self.kube, self.publisher, self.metrics,
                             read_boot_id(_proc(self.host)))

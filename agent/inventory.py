@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.host import Host
@@ -59,6 +60,7 @@ async def start_all(
     udev: DeviceEvents | None = None,
     registry: CollectorRegistry | None = None,
     links: LinkEvents | None = None,
+    state_root: Path | None = None,
 ) -> tuple[list[LoadedPlugin], dict[str, str]]:
     """Start every backend; returns the started ones and an error message per backend that failed to start."""
     topology = TopologyReader(host.sysfs_root)
@@ -66,7 +68,8 @@ async def start_all(
     async def start(plugin: LoadedPlugin) -> str | None:
         name = plugin.found.name
         ctx = BackendContext(host.sysfs_root, host.dev_root, host.host_root, topology, config_for(name),
-                             get_logger(name), udev, registry, links)
+                             get_logger(name), udev, registry, links,
+                             state_root / name if state_root is not None else None)
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 await plugin.backend.start(ctx)
@@ -164,11 +167,12 @@ class Survey:
 
 
 async def survey(settings: Settings, host: Host, udev: DeviceEvents | None = None,
-                 registry: CollectorRegistry | None = None, links: LinkEvents | None = None) -> Survey:
+                 registry: CollectorRegistry | None = None, links: LinkEvents | None = None,
+                 state_root: Path | None = None) -> Survey:
     """Find, load and start the enabled backends and run their discovery; every problem is logged once.
 
     `udev`, `links` and `registry` are handed to the backends (hot-plug, link and health events; their own
-    metrics)."""
+    metrics); each backend's state directory is `state_root/<name>`."""
     log = get_logger("discovery")
     found, failures = find_plugins()
     loaded, load_failures = load_plugins(found, settings.backends)
@@ -177,7 +181,7 @@ async def survey(settings: Settings, host: Host, udev: DeviceEvents | None = Non
         log.warning("backend skipped", backend=failure.name, distribution=failure.distribution,
                     reason=failure.message)
     started, start_errors = await start_all(loaded, host, lambda name: settings.backend_config.get(name, {}), udev,
-                                            registry, links)
+                                            registry, links, state_root)
     for name, error in start_errors.items():
         log.warning("backend failed to start", backend=name, reason=error)
     try:

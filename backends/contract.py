@@ -155,6 +155,9 @@ class BackendContext:
     """Where a backend registers its own Prometheus metrics (named `dra_agent_<backend>_...`)."""
     links: LinkEvents | None = None
     """The node's network link changes (rtnetlink); None where they cannot be watched."""
+    state_dir: Path | None = None
+    """A directory of the backend's own for records that must outlive the process (what it created on the
+    hardware); None in one-off commands such as `discover`, which change nothing."""
 
 
 @dataclass(frozen=True)

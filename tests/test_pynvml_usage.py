@@ -22,7 +22,8 @@ def project_calls() -> dict[str, int]:
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "pynvml":
+        if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "pynvml"
+                and func.attr.startswith("nvml")):  # not the ctypes structures it defines
             calls[func.attr] = len(node.args)
         elif isinstance(func, ast.Name) and func.id == "_call":
             # _call("name", pynvml.fn, *args): the name must match and the rest are fn's arguments.

@@ -4,14 +4,24 @@ facts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import ClassVar
 
 from structlog.typing import FilteringBoundLogger
 
 from backends.base import BuiltinBackend
-from backends.contract import AttributeValue, BackendContext, DevicesChanged, HealthEvent, Inventory, Version
-from backends.nvidia.config import GpuBackendConfig
+from backends.contract import (
+    Allocated,
+    AttributeValue,
+    BackendContext,
+    DevicesChanged,
+    HealthEvent,
+    Inventory,
+    Version,
+)
+from backends.nvidia.config import DEFAULT_GPU_CONFIG, GpuBackendConfig, GpuConfig
+from backends.nvidia.driver_files import Capability, driver_mounts
 from backends.nvidia.health_feed import HealthFeed
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import (
@@ -24,8 +34,11 @@ from backends.nvidia.nvml import (
     nvml_session,
     system_info,
 )
+from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["NvidiaBackend", "clip", "gpu_attributes", "read_nvml"]
+
+_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 Reader = Callable[[SystemInfo, list[GpuInfo], list[GpuProblem]], Inventory]
 
@@ -41,6 +54,39 @@ class NvidiaBackend(BuiltinBackend):
     def __init__(self) -> None:
         super().__init__()
         self._feed: HealthFeed | None = None
+        self._driver_version = ""
+        self._warned_no_files = False
+        # Control nodes and driver files per set of capabilities: the same for every claim until the driver
+        # changes, and finding them costs a few hundred microseconds of file system lookups.
+        self._common: dict[tuple[Capability, ...], ContainerEdits] = {}
+
+    def driver_version_seen(self, version: str) -> None:
+        """Discovery read the driver's version: a new driver has new files."""
+        if version != self._driver_version:
+            self._common = {}
+        self._driver_version = version
+
+    async def common_edits(self, devices: Sequence[Allocated]) -> ContainerEdits:
+        """What every container of a claim gets: the control nodes and the driver's files for the capabilities
+        the claim's GpuConfig asks for (compute and utility by default)."""
+        capabilities: list[Capability] = []
+        for allocated in devices:
+            config = allocated.config if isinstance(allocated.config, GpuConfig) else DEFAULT_GPU_CONFIG
+            capabilities.extend(config.driver_capabilities)
+        wanted = tuple(dict.fromkeys(capabilities))
+        common = self._common.get(wanted)
+        if common is None:
+            common = self._common[wanted] = await asyncio.to_thread(self._find_common_edits, wanted)
+        return common
+
+    def _find_common_edits(self, capabilities: tuple[Capability, ...]) -> ContainerEdits:
+        nodes = tuple(DeviceNode(f"/dev/{name}") for name in _CONTROL_NODES if (self.ctx.dev_root / name).exists())
+        mounts = driver_mounts(self.ctx.host_root, self._driver_version, capabilities)
+        if not mounts and not self._warned_no_files:
+            self._warned_no_files = True
+            self.ctx.log.warning("no NVIDIA driver libraries or binaries found on the host; containers get "
+                                 "device nodes only", host_root=str(self.ctx.host_root))
+        return ContainerEdits(device_nodes=nodes, mounts=mounts)
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)

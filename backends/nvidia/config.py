@@ -11,7 +11,7 @@ from backends.config import CONFIG_API_VERSION, BackendConfig, OpaqueConfig
 from backends.nvidia.driver_files import Capability
 from backends.nvidia.health_rules import DEFAULT_IGNORED_XIDS
 
-__all__ = ["DEFAULT_GPU_CONFIG", "GpuBackendConfig", "GpuConfig", "MigBackendConfig"]
+__all__ = ["DEFAULT_GPU_CONFIG", "GpuBackendConfig", "GpuConfig", "MigBackendConfig", "MigMode"]
 
 
 class GpuBackendConfig(BackendConfig):
@@ -30,11 +30,22 @@ class GpuBackendConfig(BackendConfig):
     recheck_seconds: float = Field(default=30.0, alias="recheckSeconds", gt=0, le=3600)
 
 
-class MigBackendConfig(GpuBackendConfig):
-    """`backend_config.nvidia-mig`: the health settings of nvidia-gpu, and `mode` (`static`: publish the MIG
-    devices that exist)."""
+MigMode = Literal["static", "dynamic"]
 
-    mode: Literal["static"] = "static"
+
+class MigBackendConfig(GpuBackendConfig):
+    """`backend_config.nvidia-mig`: the health settings of nvidia-gpu, and how MIG-enabled GPUs are offered.
+
+    `mode` `static` publishes the MIG devices that exist; `dynamic` publishes the whole GPU and every MIG profile
+    at every placement as partitionable devices, and creates the MIG device a claim was allocated at prepare.
+    `modelModes` overrides `mode` per GPU model (NVML's product name, e.g. "NVIDIA H100 80GB HBM3").
+    """
+
+    mode: MigMode = "static"
+    model_modes: dict[str, MigMode] = Field(default_factory=dict, alias="modelModes")
+
+    def mode_for(self, product_name: str) -> MigMode:
+        return self.model_modes.get(product_name, self.mode)
 
 
 class GpuConfig(OpaqueConfig):

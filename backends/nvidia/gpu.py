@@ -7,16 +7,13 @@ from collections.abc import Sequence
 
 from backends.contract import Allocated, ClaimRef, Device, Inventory, Prepared, PrepareError
 from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
-from backends.nvidia.config import DEFAULT_GPU_CONFIG, GpuConfig
-from backends.nvidia.driver_files import Capability, driver_mounts
+from backends.nvidia.config import GpuConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
 from backends.topology import device_name
 from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["NvidiaGpuBackend"]
-
-_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 
 class NvidiaGpuBackend(NvidiaBackend):
@@ -30,11 +27,6 @@ class NvidiaGpuBackend(NvidiaBackend):
         super().__init__()
         self._minors: dict[str, int] = {}  # device name → N of /dev/nvidiaN, from the last discovery
         self._refs: dict[str, DeviceRef] = {}  # device name → its GPU, from the last discovery
-        self._driver_version = ""
-        self._warned_no_files = False
-        # Control nodes and driver files per set of capabilities: the same for every claim until the driver
-        # changes, and finding them costs a few hundred microseconds of file system lookups.
-        self._common: dict[tuple[Capability, ...], ContainerEdits] = {}
 
     async def discover(self) -> Inventory:
         inventory = await asyncio.to_thread(self._discover)
@@ -46,14 +38,7 @@ class NvidiaGpuBackend(NvidiaBackend):
         missing = [a.device for a in devices if a.device not in self._minors]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
-        capabilities: list[Capability] = []
-        for allocated in devices:
-            config = allocated.config if isinstance(allocated.config, GpuConfig) else DEFAULT_GPU_CONFIG
-            capabilities.extend(config.driver_capabilities)
-        wanted = tuple(dict.fromkeys(capabilities))
-        common = self._common.get(wanted)
-        if common is None:
-            common = self._common[wanted] = await asyncio.to_thread(self._common_edits, wanted)
+        common = await self.common_edits(devices)
         return [
             Prepared(
                 device=a.device,
@@ -62,15 +47,6 @@ class NvidiaGpuBackend(NvidiaBackend):
             )
             for a in devices
         ]
-
-    def _common_edits(self, capabilities: tuple[Capability, ...]) -> ContainerEdits:
-        nodes = tuple(DeviceNode(f"/dev/{name}") for name in _CONTROL_NODES if (self.ctx.dev_root / name).exists())
-        mounts = driver_mounts(self.ctx.host_root, self._driver_version, capabilities)
-        if not mounts and not self._warned_no_files:
-            self._warned_no_files = True
-            self.ctx.log.warning("no NVIDIA driver libraries or binaries found on the host; containers get "
-                                 "device nodes only", host_root=str(self.ctx.host_root))
-        return ContainerEdits(device_nodes=nodes, mounts=mounts)
 
     def _discover(self) -> Inventory:
         return read_nvml(self.ctx.log, self._inventory)
@@ -87,9 +63,7 @@ class NvidiaGpuBackend(NvidiaBackend):
             warnings.extend(device_problems)
         self._minors = {device_name("gpu", g.bus_id): g.minor for g in gpus if not g.mig_enabled}
         self._refs = {device_name("gpu", g.bus_id): DeviceRef(g.uuid, g.bus_id) for g in gpus if not g.mig_enabled}
-        if system.driver_version != self._driver_version:
-            self._common = {}
-        self._driver_version = system.driver_version
+        self.driver_version_seen(system.driver_version)
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
     def _device(self, gpu: GpuInfo, system: SystemInfo) -> tuple[Device, list[str]]:

@@ -1,18 +1,33 @@
 """The nvidia-mig backend: the MIG devices of GPUs in MIG mode, published with their parent's facts.
 
 In static mode the MIG layout is whatever exists on the GPU (created by an operator or a tool); each MIG device
-is one allocatable device, and the parent GPU itself is not offered.
+is one allocatable device, and the parent GPU itself is not offered. In dynamic mode (per GPU model) the GPU is
+offered whole and as every MIG profile at every placement, drawing from the GPU's counters; the MIG device a
+claim was allocated is created at prepare and destroyed at unprepare (see `mig_dynamic`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Sequence
 
-from backends.contract import AttributeValue, Device, Inventory
+from backends.contract import (
+    Allocated,
+    AttributeValue,
+    BackendContext,
+    ClaimRef,
+    CounterSet,
+    Device,
+    Inventory,
+    Prepared,
+    PrepareError,
+)
 from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
-from backends.nvidia.config import MigBackendConfig
+from backends.nvidia.config import GpuConfig, MigBackendConfig
 from backends.nvidia.health_rules import DeviceRef
+from backends.nvidia.mig_dynamic import MigMaker, Offer, dynamic_devices
+from backends.nvidia.mig_ledger import MigLedger
 from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
 from backends.topology import PciTopology, device_name
 
@@ -32,10 +47,54 @@ class NvidiaMigBackend(NvidiaBackend):
     name = "nvidia-mig"
     driver = "gpu.nvidia.com"
     config_model = MigBackendConfig
+    config_types = (GpuConfig,)
 
     def __init__(self) -> None:
         super().__init__()
         self._refs: dict[str, DeviceRef] = {}  # device name → its parent GPU and instance, from the last discovery
+        self._offers: dict[str, Offer] = {}  # dynamic device name → what it is, from the last discovery
+        self._maker: MigMaker | None = None
+
+    async def start(self, ctx: BackendContext) -> None:
+        await super().start(ctx)
+        if ctx.state_dir is not None:
+            ledger = MigLedger(ctx.state_dir / "mig-ledger.json")
+            await asyncio.to_thread(ledger.load)
+            for problem in ledger.problems:
+                ctx.log.error(problem)
+            self._maker = MigMaker(ledger, ctx.host_root, ctx.log)
+
+    @property
+    def settings(self) -> MigBackendConfig:
+        assert isinstance(self._config, MigBackendConfig)
+        return self._config
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
+        """Dynamic MIG devices are made now; a static one exists already and cannot be handed out yet."""
+        maker = self._maker
+        if maker is None:
+            raise PrepareError("MIG devices can be prepared only by a running agent (it records what it creates)")
+        unknown = [a.device for a in devices if a.device not in self._offers]
+        if unknown:
+            raise PrepareError(f"{', '.join(unknown)}: not a dynamic MIG device of this node (any more)")
+        common = await self.common_edits(devices)
+        prepared: list[Prepared] = []
+        try:
+            for allocated in devices:
+                edits, restore = await asyncio.to_thread(maker.make, claim.uid, allocated.device,
+                                                         self._offers[allocated.device])
+                prepared.append(Prepared(allocated.device, edits, common, restore))
+        except BaseException:
+            # One claim is all or nothing: what this call made for it goes again.
+            await self.unprepare(claim, prepared)
+            raise
+        return prepared
+
+    async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
+        if self._maker is None:
+            return
+        for item in prepared:
+            await asyncio.to_thread(self._maker.unmake, claim.uid, item.device)
 
     async def discover(self) -> Inventory:
         inventory = await asyncio.to_thread(self._discover)
@@ -48,12 +107,28 @@ class NvidiaMigBackend(NvidiaBackend):
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         warnings = [p.message for p in problems if p.mig_enabled]
         devices: list[Device] = []
+        counter_sets: list[CounterSet] = []
         refs: dict[str, DeviceRef] = {}
+        offers: dict[str, Offer] = {}
+        self.driver_version_seen(system.driver_version)
         for gpu in gpus:
             if not gpu.mig_enabled:
                 continue
             topology = self.ctx.topology.lookup(gpu.bus_id)
             warnings.extend(topology.problems)
+            if self.settings.mode_for(gpu.product_name) == "dynamic":
+                attrs, attr_problems = gpu_attributes(gpu, system)
+                warnings.extend(f"GPU {gpu.bus_id}: {p}" for p in attr_problems)
+                try:
+                    found, counter_set, gpu_offers = dynamic_devices(gpu, attrs, topology)
+                except NvmlError as e:
+                    warnings.append(f"GPU {gpu.bus_id}: MIG profiles unreadable, GPU left out: {e}")
+                    continue
+                devices.extend(found)
+                counter_sets.append(counter_set)
+                offers.update(gpu_offers)
+                refs.update({d.name: DeviceRef(gpu.uuid, gpu.bus_id) for d in found})
+                continue
             try:
                 migs = list_mig_devices(gpu)
             except NvmlError as e:
@@ -64,7 +139,8 @@ class NvidiaMigBackend(NvidiaBackend):
                 devices.append(device)
                 refs[device.name] = DeviceRef(gpu.uuid, gpu.bus_id, mig.gpu_instance_id, mig.compute_instance_id)
         self._refs = refs
-        return Inventory(devices=tuple(devices), warnings=tuple(warnings))
+        self._offers = offers
+        return Inventory(devices=tuple(devices), counter_sets=tuple(counter_sets), warnings=tuple(warnings))
 
     def _device(self, mig: MigInfo, system: SystemInfo, topology: PciTopology, warnings: list[str]) -> Device:
         attrs, problems = gpu_attributes(mig.parent, system)

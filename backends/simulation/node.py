@@ -19,7 +19,7 @@ from backends.simulation.nvml_control import control_socket, serve_control
 from backends.simulation.profile import NodeProfile, ProfileError, load_profile
 from backends.simulation.sysfs_tree import write_tree
 
-__all__ = ["SimulatedNode", "simulated_node"]
+__all__ = ["SimulatedNode", "mig_minor", "simulated_node"]
 
 
 @dataclass
@@ -48,6 +48,7 @@ class SimulatedNode:
         node.reboot()
         if plan.gpus:
             _write_driver_files(root, profile.nvidia.driver_version)
+            _write_mig_minors(root, [g.minor for g in plan.gpus if GPU_MODELS[g.spec.model].mig_profiles])
         return node
 
     @property
@@ -140,6 +141,37 @@ def _write_driver_files(root: Path, version: str) -> None:
     for name in _DRIVER_BINARIES:
         (binaries / name).write_bytes(b"#!/bin/sh\n")
         (binaries / name).chmod(0o755)
+
+
+# The NVIDIA driver's table of MIG capability minors: per GPU, 15 GPU instances of 1 + 8 entries (the GPU
+# instance's access file, then its compute instances'), after "config" and "monitor"; the same on every host.
+_MIG_GPU_INSTANCES, _MIG_COMPUTE_INSTANCES = 15, 8
+
+
+def mig_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
+    """The nvidia-caps minor of a GPU instance's (or one of its compute instances') access capability."""
+    per_gi = 1 + _MIG_COMPUTE_INSTANCES
+    base = 3 + gpu_minor * _MIG_GPU_INSTANCES * per_gi + gpu_instance * per_gi
+    return base if compute_instance is None else base + 1 + compute_instance
+
+
+def _write_mig_minors(root: Path, gpu_minors: list[int]) -> None:
+    """/proc/driver/nvidia-caps/mig-minors and the /dev/nvidia-caps nodes of MIG-capable GPUs."""
+    lines = ["config 1", "monitor 2"]
+    for minor in range(max(gpu_minors, default=-1) + 1):
+        for gi in range(_MIG_GPU_INSTANCES):
+            lines.append(f"gpu{minor}/gi{gi}/access {mig_minor(minor, gi)}")
+            lines.extend(f"gpu{minor}/gi{gi}/ci{ci}/access {mig_minor(minor, gi, ci)}"
+                         for ci in range(_MIG_COMPUTE_INSTANCES))
+    table = root / "proc/driver/nvidia-caps/mig-minors"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text("\n".join(lines) + "\n")
+    caps = root / "dev/nvidia-caps"
+    caps.mkdir(parents=True, exist_ok=True)
+    for minor in gpu_minors:
+        for gi in range(_MIG_GPU_INSTANCES):
+            for cap in (mig_minor(minor, gi), *(mig_minor(minor, gi, ci) for ci in range(_MIG_COMPUTE_INSTANCES))):
+                (caps / f"nvidia-cap{cap}").write_bytes(b"")
 
 
 def _memory_dir() -> str | None:

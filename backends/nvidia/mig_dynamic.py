@@ -1,0 +1,191 @@
+"""Dynamic MIG: a MIG-enabled GPU offered as partitionable devices (the whole GPU and every profile at every
+placement, see `mig_layout`), and the MIG device a claim was allocated made at prepare and unmade at unprepare.
+
+Making one records the intent in the ledger first, then creates the GPU instance at exactly the allocated
+placement, records its id, creates the compute instance and records it too; so a crash at any point leaves a
+record that says what may exist and is ours. Unmaking destroys what the record names, if it is still the
+instance recorded, and drops the record. Instances the agent did not create are never touched.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from structlog.typing import FilteringBoundLogger
+
+from backends.contract import AttributeValue, CounterSet, Device, PrepareError
+from backends.nvidia.mig_layout import GiProfile, Placement, layout, mig_label
+from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
+from backends.nvidia.nvml import GpuInfo, NvmlError, nvml_session
+from backends.nvidia.nvml_mig import (
+    INSUFFICIENT_RESOURCES,
+    create_compute_instance,
+    create_gpu_instance,
+    destroy_mig,
+    gpu_instance_profiles,
+    mig_instance_exists,
+)
+from backends.topology import PciTopology, device_name
+from cdi.spec import ContainerEdits, DeviceNode
+
+__all__ = ["MigMaker", "Offer", "dynamic_devices"]
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a published dynamic device is on the hardware: its GPU, and the placement (None: the whole GPU)."""
+
+    bus_id: str
+    gpu_minor: int
+    gpu_uuid: str
+    placement: Placement | None
+
+
+def dynamic_devices(gpu: GpuInfo, attributes: Mapping[str, AttributeValue], topology: PciTopology
+                    ) -> tuple[list[Device], CounterSet, dict[str, Offer]]:
+    """The whole GPU and its possible MIG devices, drawing from the GPU's counter set (reads NVML: blocking)."""
+    gpu_name = device_name("gpu", gpu.bus_id)
+    plan = layout(gpu_name, gpu_instance_profiles(gpu.bus_id))
+    whole = Device(
+        name=gpu_name,
+        attributes={**attributes, "type": "gpu", "uuid": gpu.uuid, "index": gpu.index, "minor": gpu.minor,
+                    "migCapable": True, "migEnabled": True},
+        capacity={"memory": gpu.memory_bytes},
+        topology=topology,
+        consumes_counters=(plan.whole,),
+    )
+    devices = [whole]
+    offers = {gpu_name: Offer(gpu.bus_id, gpu.minor, gpu.uuid, None)}
+    for placement in plan.placements:
+        profile = placement.profile
+        name = f"{gpu_name}-mig-{mig_label(profile.name)}-{profile.id}-{placement.start}"
+        devices.append(Device(
+            name=name,
+            attributes={**attributes, "type": "mig", "parentUUID": gpu.uuid, "parentIndex": gpu.index,
+                        "profile": profile.name, "placementStart": placement.start, "placementSize": profile.size},
+            capacity=_capacity(profile),
+            topology=topology,
+            consumes_counters=(placement.consumption(plan.counter_set.name),),
+        ))
+        offers[name] = Offer(gpu.bus_id, gpu.minor, gpu.uuid, placement)
+    return devices, plan.counter_set, offers
+
+
+def _capacity(profile: GiProfile) -> dict[str, int]:
+    return {"memory": profile.memory_bytes, "multiprocessors": profile.multiprocessors,
+            "copyEngines": profile.copy_engines, "decoders": profile.decoders, "encoders": profile.encoders,
+            "jpegEngines": profile.jpeg_engines, "ofaEngines": profile.ofa_engines}
+
+
+class MigMaker:
+    """Makes and unmakes dynamic MIG devices for claims; blocking (NVML, fsync): call from a worker thread. One
+    change at a time: NVML's placement rules are about the whole GPU, and the ledger is one file."""
+
+    def __init__(self, ledger: MigLedger, host_root: Path, log: FilteringBoundLogger) -> None:
+        self.ledger = ledger
+        self._host_root = host_root
+        self._log = log
+        self._lock = threading.Lock()
+        self._minors: dict[str, int] | None = None
+
+    def make(self, claim: str, device: str, offer: Offer) -> tuple[ContainerEdits, dict[str, Any]]:
+        """The MIG device for (claim, device), made now or found made by an earlier call; its container edits and
+        its restore record."""
+        placement = offer.placement
+        if placement is None:
+            raise PrepareError("a whole GPU in MIG mode: allocating it whole is not supported; "
+                               "allocate one of its MIG devices")
+        with self._lock, nvml_session():
+            entry = self.ledger.get(claim, device)
+            if entry is not None and entry.gpu_instance is not None and not self._exists(entry):
+                self.ledger.remove(entry)  # destroyed behind our back: make it again
+                entry = None
+            if entry is None:
+                entry = self.ledger.put(LedgerEntry(claim, device, offer.bus_id, placement.profile.id, placement.start))
+            if entry.gpu_instance is None:
+                entry = self._create_gpu_instance(entry, placement)
+            if entry.compute_instance is None:
+                entry = self._create_compute_instance(entry, placement)
+        return self._edits(offer, entry), _restore(entry)
+
+    def _create_gpu_instance(self, entry: LedgerEntry, placement: Placement) -> LedgerEntry:
+        profile = placement.profile
+        try:
+            gi = create_gpu_instance(entry.bus_id, profile.id, placement.start, profile.size)
+        except NvmlError as e:
+            self.ledger.remove(entry)
+            if e.code == INSUFFICIENT_RESOURCES:
+                raise PrepareError(f"MIG {profile.name} at placement {placement.start} overlaps a MIG "
+                                   f"device that exists on GPU {entry.bus_id}") from None
+            raise PrepareError(f"creating MIG {profile.name} at {placement.start} failed: "
+                               f"{e}") from None
+        return self.ledger.update(entry, gpu_instance=gi)
+
+    def _create_compute_instance(self, entry: LedgerEntry, placement: Placement) -> LedgerEntry:
+        assert entry.gpu_instance is not None
+        try:
+            created = create_compute_instance(entry.bus_id, entry.gpu_instance, placement.profile.slices)
+        except NvmlError as e:
+            destroy_mig(entry.bus_id, entry.gpu_instance)
+            self.ledger.remove(entry)
+            raise PrepareError(f"creating the compute instance failed: {e}") from None
+        self._log.info("MIG device created", device=entry.device, claim=entry.claim, gpu=entry.bus_id,
+                       gpu_instance=entry.gpu_instance, compute_instance=created.compute_instance_id)
+        return self.ledger.update(entry, compute_instance=created.compute_instance_id, uuid=created.uuid)
+
+    def unmake(self, claim: str, device: str) -> None:
+        """Destroy the MIG device made for (claim, device), if it exists and is the one recorded."""
+        with self._lock:
+            entry = self.ledger.get(claim, device)
+            if entry is None:
+                return
+            if entry.gpu_instance is not None:
+                with nvml_session():
+                    if self._exists(entry):
+                        destroy_mig(entry.bus_id, entry.gpu_instance)
+                        self._log.info("MIG device destroyed", device=device, claim=claim, gpu=entry.bus_id,
+                                       gpu_instance=entry.gpu_instance)
+            self.ledger.remove(entry)
+
+    def _exists(self, entry: LedgerEntry) -> bool:
+        assert entry.gpu_instance is not None
+        return mig_instance_exists(entry.bus_id, entry.gpu_instance, entry.profile_id, entry.start)
+
+    def _edits(self, offer: Offer, entry: LedgerEntry) -> ContainerEdits:
+        """The parent GPU's node and the two capability nodes that grant the GPU and compute instance."""
+        assert entry.gpu_instance is not None and entry.compute_instance is not None
+        minors = self._capability_minors()
+        base = f"gpu{offer.gpu_minor}/gi{entry.gpu_instance}"
+        nodes = [DeviceNode(f"/dev/nvidia{offer.gpu_minor}")]
+        for key in (f"{base}/access", f"{base}/ci{entry.compute_instance}/access"):
+            minor = minors.get(key)
+            if minor is None:
+                raise PrepareError(f"the NVIDIA driver lists no MIG capability {key} "
+                                   "(/proc/driver/nvidia-caps/mig-minors)")
+            nodes.append(DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minor}"))
+        return ContainerEdits(device_nodes=tuple(nodes))
+
+    def _capability_minors(self) -> dict[str, int]:
+        """The driver's table of MIG capability minors (fixed while it is loaded)."""
+        if self._minors is None:
+            table = self._host_root / "proc/driver/nvidia-caps/mig-minors"
+            try:
+                lines = table.read_text().splitlines()
+            except OSError as e:
+                raise PrepareError(f"cannot read the NVIDIA driver's MIG capabilities ({table}): {e}") from None
+            minors = {}
+            for line in lines:
+                key, _, value = line.rpartition(" ")
+                if key and value.isdigit():
+                    minors[key] = int(value)
+            self._minors = minors
+        return self._minors
+
+
+def _restore(entry: LedgerEntry) -> dict[str, Any]:
+    return {"busId": entry.bus_id, "gpuInstance": entry.gpu_instance, "computeInstance": entry.compute_instance,
+            "profileId": entry.profile_id, "placementStart": entry.start, "uuid": entry.uuid}

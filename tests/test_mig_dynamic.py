@@ -1,0 +1,171 @@
+"""Dynamic MIG: the counters that let a scheduler pick placements NVML accepts, the published slices, and MIG
+devices made at prepare with NVML's real placement rules (simulated) and unmade at unprepare."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.testing.kubelet import KubeletSimulator, Plugin
+from backends.nvidia.mig_layout import GiProfile, Placement, layout, valid_combinations
+from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
+from backends.nvidia.nvml_mig import gpu_instance_profiles
+from backends.simulation.node import SimulatedNode, mig_minor
+from tests.agent_env import agent_in_process, allocate
+from tests.slice_checks import assert_valid_slices
+
+GPU = "gpu.nvidia.com"
+DYNAMIC = {"nvidia-mig": {"mode": "dynamic"}}
+
+
+def dgx_h100_in_mig_mode(folder: Path, made: dict[int, list[dict[str, Any]]] | None = None) -> Path:
+    """The dgx-h100 profile with every GPU in MIG mode: no MIG device yet, or those `made` by an operator (by the
+    position of the GPU entry in the profile)."""
+    profile = yaml.safe_load((resources.files("backends.simulation") / "profiles/dgx-h100.yaml").read_text())
+    profile["name"] = "dgx-h100-mig"
+    position = itertools.count()
+
+    def enable(node: Any) -> None:
+        if isinstance(node, dict):
+            if "gpu" in node:
+                spec = node["gpu"] if isinstance(node["gpu"], dict) else {"model": node["gpu"]}
+                node["gpu"] = {**spec, "mig": {"instances": (made or {}).get(next(position), [])}}
+            for value in node.values():
+                enable(value)
+        elif isinstance(node, list):
+            for value in node:
+                enable(value)
+
+    enable(profile["root_complexes"])
+    path = folder / "dgx-h100-mig.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+@pytest.fixture
+def h100_profiles(sim_node: Callable[[str], SimulatedNode], tmp_path: Path) -> list[GiProfile]:
+    node = sim_node(str(dgx_h100_in_mig_mode(tmp_path)))
+    with nvml_session():
+        return gpu_instance_profiles(node.plan.gpus[0].bus_id)
+
+
+def fits(totals: dict[str, int], chosen: tuple[Placement, ...], counter_set: str) -> bool:
+    used: dict[str, int] = {}
+    for placement in chosen:
+        for key, value in placement.consumption(counter_set).counters.items():
+            used[key] = used.get(key, 0) + value
+    return all(value <= totals.get(key, 0) for key, value in used.items())
+
+
+def test_the_counters_admit_exactly_what_nvml_allows(h100_profiles: list[GiProfile]) -> None:
+    assert {p.name for p in h100_profiles} == {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb",
+                                               "7g.80gb"}
+    plan = layout("gpu-x", h100_profiles)
+    totals = dict(plan.counter_set.counters)
+    name = plan.counter_set.name
+    assert len(plan.placements) == 25 and len(totals) <= 32
+    combinations = list(valid_combinations(h100_profiles))
+    assert all(fits(totals, c, name) for c in combinations), "every combination NVML accepts fits the counters"
+    assert max(len(c) for c in combinations) == 7
+    # NVML's rules are pairwise (overlap) or per-profile counts, which pairs and triples exercise.
+    valid = {frozenset(c) for c in combinations if len(c) <= 3}
+    for size in (2, 3):
+        for chosen in itertools.combinations(plan.placements, size):
+            assert fits(totals, chosen, name) == (frozenset(chosen) in valid), chosen
+    # The whole GPU draws everything: nothing fits beside it.
+    assert plan.whole.counters == totals
+    assert not any(fits({k: v - plan.whole.counters.get(k, 0) for k, v in totals.items()}, (p,), name)
+                   for p in plan.placements)
+
+
+def test_the_published_pool_passes_the_server_rules(run_cli: Callable[..., Any], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_AGENT_BACKEND_CONFIG", '{"nvidia-mig": {"mode": "dynamic"}}')
+    result = run_cli("discover", "--simulate", str(dgx_h100_in_mig_mode(tmp_path)), "-o", "json")
+    slices = [s for s in yaml.safe_load(result.out) if s["spec"]["driver"] == GPU]
+    assert_valid_slices(slices)
+    devices = [d for s in slices for d in s["spec"].get("devices", ())]
+    assert len(devices) == 8 * 26, "each GPU whole and its 25 placements"
+    counter_sets = [c for s in slices for c in s["spec"].get("sharedCounters", ())]
+    assert len(counter_sets) == 8
+    assert all(len(s["spec"].get("devices", ())) <= 64 for s in slices)
+
+
+def mig_instances() -> dict[str, list[tuple[str, int]]]:
+    """The MIG devices that exist, by parent bus id: (profile, placement start)."""
+    with nvml_session():
+        gpus, _ = list_gpus()
+        return {g.bus_id: sorted((m.profile, m.placement_start) for m in list_mig_devices(g))
+                for g in gpus if g.mig_enabled}
+
+
+async def prepare(plugin: Plugin, env: Any, name: str, device: str) -> tuple[Any, Any]:
+    claim = allocate(env.server, name, [("mig", GPU, device)])
+    return claim, (await plugin.prepare([claim]))[claim.uid]
+
+
+async def test_seven_1g_devices_fill_a_gpu_an_overlap_fails_and_release_leaves_it_whole(scratch: Path) -> None:
+    profile = dgx_h100_in_mig_mode(scratch)
+    async with agent_in_process(scratch, str(profile), backend_config=DYNAMIC) as env, \
+            KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await kubelet.wait_for_plugin(GPU)
+        gpu = "gpu-0000-18-00-0"
+        claims = []
+        for start in range(7):  # as a scheduler would pick them: the counters leave exactly these
+            claim, result = await prepare(plugin, env, f"small-{start}", f"{gpu}-mig-1g10gb-19-{start}")
+            assert result.error == "", result.error
+            claims.append(claim)
+        assert mig_instances()["0000:18:00.0"] == [("1g.10gb", s) for s in range(7)]
+        spec = yaml.safe_load(next(env.settings.cdi_dir.glob(f"*{claims[3].uid}*")).read_text())
+        nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
+        gi = {m.placement_start: m.gpu_instance_id for m in _migs("0000:18:00.0")}[3]
+        assert {"/dev/nvidia0", f"/dev/nvidia-caps/nvidia-cap{mig_minor(0, gi)}",
+                f"/dev/nvidia-caps/nvidia-cap{mig_minor(0, gi, 0)}"} <= nodes
+
+        _, result = await prepare(plugin, env, "overlapping", f"{gpu}-mig-2g20gb-14-2")
+        assert result.error == (f"{gpu}-mig-2g20gb-14-2: MIG 2g.20gb at placement 2 overlaps a MIG device that "
+                                "exists on GPU 0000:18:00.0")
+        assert len(mig_instances()["0000:18:00.0"]) == 7, "a failed prepare leaves nothing behind"
+
+        random.Random(7).shuffle(claims)
+        for claim in claims:
+            assert (await plugin.unprepare([claim]))[claim.uid] == ""
+        assert mig_instances()["0000:18:00.0"] == []
+        claim, result = await prepare(plugin, env, "big", f"{gpu}-mig-7g80gb-0-0")
+        assert result.error == "" and mig_instances()["0000:18:00.0"] == [("7g.80gb", 0)]
+        assert (await plugin.prepare([claim]))[claim.uid] == result, "prepare is idempotent"
+        assert len(mig_instances()["0000:18:00.0"]) == 1
+        assert (await plugin.unprepare([claim]))[claim.uid] == ""
+        assert mig_instances()["0000:18:00.0"] == []
+        whole = (await prepare(plugin, env, "whole", gpu))[1].error
+        assert "allocating it whole is not supported" in whole
+
+
+def _migs(bus_id: str) -> list[Any]:
+    with nvml_session():
+        gpus, _ = list_gpus()
+        return [m for g in gpus if g.bus_id == bus_id for m in list_mig_devices(g)]
+
+
+async def test_instances_the_agent_did_not_create_are_never_touched(scratch: Path) -> None:
+    # The first switch entry of the profile stands for two switches: GPUs 0000:18:00.0 and 0000:1c:00.0.
+    profile = dgx_h100_in_mig_mode(scratch, {0: [{"profile": "3g.40gb", "start": 0}]})
+    async with agent_in_process(scratch, str(profile), backend_config=DYNAMIC) as env, \
+            KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await kubelet.wait_for_plugin(GPU)
+        gpu = "gpu-0000-1c-00-0"
+        _, result = await prepare(plugin, env, "on-top", f"{gpu}-mig-4g40gb-5-0")
+        assert "overlaps a MIG device that exists on GPU 0000:1c:00.0" in result.error
+        claim, result = await prepare(plugin, env, "beside", f"{gpu}-mig-3g40gb-9-4")
+        assert result.error == ""
+        assert mig_instances()["0000:1c:00.0"] == [("3g.40gb", 0), ("3g.40gb", 4)]
+        assert (env.settings.state_dir / "backends/nvidia-mig/mig-ledger.json").exists()
+        assert (await plugin.unprepare([claim]))[claim.uid] == ""
+        assert mig_instances()["0000:1c:00.0"] == [("3g.40gb", 0)], "the operator's instance stays"
