@@ -22,13 +22,13 @@ from structlog.typing import FilteringBoundLogger
 from agent.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 from agent.claim_cdi import cdi_device_id, claim_spec
 from agent.claims import ClaimAllocation, ClaimError, check_reference, configs_for, read_allocation
-from agent.failpoints import failpoint
 from agent.kubelet_api import ClaimResult, PreparedDeviceResult
 from agent.locks import FileLock, KeyedLocks
 from agent.metrics import Metrics
 from agent.opaque import effective_config
 from backends.config import OpaqueConfig
 from backends.contract import Allocated, Backend, BackendError, ClaimRef, Prepared
+from backends.failpoints import failpoint
 from cdi.store import SpecStore
 
 __all__ = ["ClaimReader", "Owner", "Preparer"]

@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from agent.checkpoint import Checkpoint
-from agent.failpoints import POINTS
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator
+from backends.failpoints import POINTS
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU = "gpu.nvidia.com"

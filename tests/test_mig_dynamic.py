@@ -4,7 +4,9 @@ devices made at prepare with NVML's real placement rules (simulated) and unmade 
 from __future__ import annotations
 
 import itertools
+import json
 import random
+import signal
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -13,12 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.testing.kubelet import KubeletSimulator, Plugin
+from agent.testing.apiserver import TestApiServer
+from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
+from backends.failpoints import MIG_POINTS
 from backends.nvidia.mig_layout import GiProfile, Placement, layout, valid_combinations
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.simulation.node import SimulatedNode, mig_minor
-from tests.agent_env import agent_in_process, allocate
+from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, settings_for
 from tests.slice_checks import assert_valid_slices
 
 GPU = "gpu.nvidia.com"
@@ -169,3 +173,57 @@ async def test_instances_the_agent_did_not_create_are_never_touched(scratch: Pat
         assert (env.settings.state_dir / "backends/nvidia-mig/mig-ledger.json").exists()
         assert (await plugin.unprepare([claim]))[claim.uid] == ""
         assert mig_instances()["0000:1c:00.0"] == [("3g.40gb", 0)], "the operator's instance stays"
+
+
+def made_on_node(sim_root: Path, bus_id: str) -> list[tuple[str, int, int]]:
+    """The GPU instances on one GPU of a kept simulated node, as the hardware holds them across agent restarts:
+    (profile, start, compute instances)."""
+    state = json.loads((sim_root / ".sim/nvml-mig.json").read_text())
+    gpu = next(g for g in state if g["bus_id"] == bus_id)
+    return sorted((gi["profile"], gi["start"], len(gi["compute_instances"])) for gi in gpu["gpu_instances"])
+
+
+# Where a crash leaves the MIG device: made in part or whole, the claim `started` in the checkpoint either way.
+CRASHES = {
+    "mig-after-gpu-instance": [("1g.10gb", 2, 0)],
+    "mig-after-compute-instance": [("1g.10gb", 2, 1)],
+    "prepare-after-backends": [("1g.10gb", 2, 1)],
+    "prepare-after-cdi": [("1g.10gb", 2, 1)],
+}
+
+
+@pytest.mark.parametrize("point", [*MIG_POINTS, "prepare-after-backends", "prepare-after-cdi"])
+async def test_a_crash_while_making_a_mig_device_is_undone_at_restart(scratch: Path, point: str) -> None:
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        profile = dgx_h100_in_mig_mode(scratch)
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), str(profile),
+                                backends=("nvidia-mig",))
+        env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
+        crashing = AgentProcess(settings, {**env, "DRA_AGENT_FAILPOINTS": point})
+        restarted = AgentProcess(settings, env)
+        assert settings.sim_root is not None
+        try:
+            await crashing.start()
+            async with KubeletSimulator(settings.registry_dir) as kubelet:
+                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                device = "gpu-0000-18-00-0-mig-1g10gb-19-2"
+                ref = allocate(server, "train", [("mig", GPU, device)])
+                with pytest.raises(KubeletError):
+                    await plugin.prepare([ref])
+                assert await crashing.wait() == -signal.SIGKILL
+                assert made_on_node(settings.sim_root, "0000:18:00.0") == CRASHES[point]
+
+                await restarted.start()
+                await kubelet.deregistered(GPU)
+                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                # Recovery rolled the claim back, and with it the MIG device the crash left.
+                assert made_on_node(settings.sim_root, "0000:18:00.0") == []
+                result = await plugin.prepare_or_raise([ref])  # the kubelet retries
+                assert result[ref.uid].devices[0].device == device
+                assert made_on_node(settings.sim_root, "0000:18:00.0") == [("1g.10gb", 2, 1)]
+                assert await plugin.unprepare([ref]) == {ref.uid: ""}
+                assert made_on_node(settings.sim_root, "0000:18:00.0") == []
+        finally:
+            await crashing.stop()
+            await restarted.stop()

@@ -18,6 +18,7 @@ from typing import Any
 from structlog.typing import FilteringBoundLogger
 
 from backends.contract import AttributeValue, CounterSet, Device, PrepareError
+from backends.failpoints import failpoint
 from backends.nvidia.mig_layout import GiProfile, Placement, layout, mig_label
 from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
 from backends.nvidia.nvml import GpuInfo, NvmlError, nvml_session
@@ -123,7 +124,9 @@ class MigMaker:
                                    f"device that exists on GPU {entry.bus_id}") from None
             raise PrepareError(f"creating MIG {profile.name} at {placement.start} failed: "
                                f"{e}") from None
-        return self.ledger.update(entry, gpu_instance=gi)
+        entry = self.ledger.update(entry, gpu_instance=gi)
+        failpoint("mig-after-gpu-instance")
+        return entry
 
     def _create_compute_instance(self, entry: LedgerEntry, placement: Placement) -> LedgerEntry:
         assert entry.gpu_instance is not None
@@ -135,7 +138,9 @@ class MigMaker:
             raise PrepareError(f"creating the compute instance failed: {e}") from None
         self._log.info("MIG device created", device=entry.device, claim=entry.claim, gpu=entry.bus_id,
                        gpu_instance=entry.gpu_instance, compute_instance=created.compute_instance_id)
-        return self.ledger.update(entry, compute_instance=created.compute_instance_id, uuid=created.uuid)
+        entry = self.ledger.update(entry, compute_instance=created.compute_instance_id, uuid=created.uuid)
+        failpoint("mig-after-compute-instance")
+        return entry
 
     def unmake(self, claim: str, device: str) -> None:
         """Destroy the MIG device made for (claim, device), if it exists and is the one recorded."""

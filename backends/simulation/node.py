@@ -16,6 +16,7 @@ from backends.simulation.catalog import GPU_MODELS
 from backends.simulation.layout import NodePlan, plan_node
 from backends.simulation.nvml import SimGpu, SimulatedNvml
 from backends.simulation.nvml_control import control_socket, serve_control
+from backends.simulation.nvml_persist import load_mig_state
 from backends.simulation.profile import NodeProfile, ProfileError, load_profile
 from backends.simulation.sysfs_tree import write_tree
 
@@ -45,6 +46,7 @@ class SimulatedNode:
         plan = plan_node(profile)
         write_tree(plan, root / "sys", root / "dev")
         node = cls(profile, plan, root, _nvml(plan))
+        node.nvml.state_file = root / _MIG_STATE
         node.reboot()
         if plan.gpus:
             _write_driver_files(root, profile.nvidia.driver_version)
@@ -61,7 +63,9 @@ class SimulatedNode:
         return self.root / "proc/sys/kernel/random/boot_id"
 
     def reboot(self) -> str:
-        """Give the node a new boot id, as a reboot does; returns it."""
+        """Give the node a new boot id, as a reboot does (MIG instances made since are gone at the next open);
+        returns it."""
+        (self.root / _MIG_STATE).unlink(missing_ok=True)
         self.boot_id_file.parent.mkdir(parents=True, exist_ok=True)
         boot_id = str(uuid.uuid4())
         self.boot_id_file.write_text(boot_id + "\n")
@@ -80,7 +84,11 @@ class SimulatedNode:
             if marker.read_text() != fingerprint:
                 raise ProfileError(f"{root} holds a simulated node of another profile; use an empty folder")
             plan = plan_node(profile)
-            return cls(profile, plan, root, _nvml(plan))
+            nvml = _nvml(plan)
+            # MIG instances live on the GPUs until a reboot, not with the process that made them.
+            load_mig_state(nvml.gpus, root / _MIG_STATE)
+            nvml.state_file = root / _MIG_STATE
+            return cls(profile, plan, root, nvml)
         if root.exists() and any(root.iterdir()):
             raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")
         root.mkdir(parents=True, exist_ok=True)
@@ -90,6 +98,7 @@ class SimulatedNode:
 
 
 _MARKER = ".dra-agent-simulated-node.json"
+_MIG_STATE = ".sim/nvml-mig.json"
 
 
 def _nvml(plan: NodePlan) -> SimulatedNvml:

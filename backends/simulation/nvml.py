@@ -182,7 +182,9 @@ class SimulatedNvml(MigSymbols, EventSymbols):
                 raise SimulatedNvmlError(NvmlReturn.ERROR_INVALID_ARGUMENT, profile_name) from None
             gi = create_gpu_instance(gpu, profile, start)
             full = next(i for i, s in ((0, 1), (1, 2), (2, 3), (3, 4), (4, 7)) if s == profile.slices)
-            return gi.id, create_compute_instance(gi, full).id
+            ci = create_compute_instance(gi, full)
+            self._mig_changed()
+            return gi.id, ci.id
 
     def destroy_instance(self, index: int, gi_id: int) -> None:
         """Destroy GPU instance `gi_id` of GPU `index` together with its compute instances."""
@@ -191,6 +193,7 @@ class SimulatedNvml(MigSymbols, EventSymbols):
             gi = gpu.gpu_instances[gi_id]
             gi.compute_instances.clear()
             destroy_gpu_instance(gpu, gi)
+            self._mig_changed()
 
     def instances(self, index: int) -> list[MigInstanceView]:
         """The GPU instances of GPU `index` as (profile name, start, GI id, CI ids), by GI id."""

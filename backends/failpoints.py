@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["POINTS", "failpoint"]
+__all__ = ["MIG_POINTS", "POINTS", "failpoint"]
 
 POINTS = (
     "prepare-before-started",
@@ -22,6 +22,10 @@ POINTS = (
     "unprepare-after-cdi",
     "unprepare-after-removed",
 )
+"""The core's points, around the checkpoint and the CDI spec."""
+
+MIG_POINTS = ("mig-after-gpu-instance", "mig-after-compute-instance")
+"""nvidia-mig's points, between the NVML calls that make a MIG device and the ledger records of them."""
 
 _ACTIVE = frozenset(p for p in os.environ.get("DRA_AGENT_FAILPOINTS", "").split(",") if p)
 
