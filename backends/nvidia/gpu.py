@@ -76,6 +76,7 @@ class NvidiaGpuBackend(NvidiaBackend):
             minor=gpu.minor,
             migCapable=gpu.mig_capable,
             migEnabled=gpu.mig_enabled,
+            migPending=gpu.mig_pending,
         )
         device = Device(
             name=device_name("gpu", gpu.bus_id),

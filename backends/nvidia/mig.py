@@ -27,6 +27,7 @@ from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
 from backends.nvidia.config import GpuConfig, MigBackendConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_dynamic import MigMaker, Offer, dynamic_devices
+from backends.nvidia.mig_edits import MigEdits
 from backends.nvidia.mig_ledger import MigLedger
 from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
 from backends.topology import PciTopology, device_name
@@ -53,16 +54,19 @@ class NvidiaMigBackend(NvidiaBackend):
         super().__init__()
         self._refs: dict[str, DeviceRef] = {}  # device name → its parent GPU and instance, from the last discovery
         self._offers: dict[str, Offer] = {}  # dynamic device name → what it is, from the last discovery
+        self._existing: dict[str, tuple[int, int, int]] = {}  # static device → GPU minor, GPU and compute instance
         self._maker: MigMaker | None = None
+        self._mig_edits: MigEdits | None = None
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)
+        self._mig_edits = MigEdits(ctx.host_root)
         if ctx.state_dir is not None:
             ledger = MigLedger(ctx.state_dir / "mig-ledger.json")
             await asyncio.to_thread(ledger.load)
             for problem in ledger.problems:
                 ctx.log.error(problem)
-            self._maker = MigMaker(ledger, ctx.host_root, ctx.log)
+            self._maker = MigMaker(ledger, self._mig_edits, ctx.log)
 
     @property
     def settings(self) -> MigBackendConfig:
@@ -70,18 +74,22 @@ class NvidiaMigBackend(NvidiaBackend):
         return self._config
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
-        """Dynamic MIG devices are made now; a static one exists already and cannot be handed out yet."""
-        maker = self._maker
-        if maker is None:
-            raise PrepareError("MIG devices can be prepared only by a running agent (it records what it creates)")
-        unknown = [a.device for a in devices if a.device not in self._offers]
+        """A static MIG device exists: the container gets its nodes. A dynamic one is made now."""
+        unknown = [a.device for a in devices if a.device not in self._offers and a.device not in self._existing]
         if unknown:
-            raise PrepareError(f"{', '.join(unknown)}: not a dynamic MIG device of this node (any more)")
+            raise PrepareError(f"{', '.join(unknown)} not found on this node (any more)")
         common = await self.common_edits(devices)
         prepared: list[Prepared] = []
         try:
             for allocated in devices:
-                edits, restore = await asyncio.to_thread(maker.make, claim.uid, allocated.device,
+                if allocated.device in self._existing:
+                    assert self._mig_edits is not None
+                    edits = await asyncio.to_thread(self._mig_edits.edits, *self._existing[allocated.device])
+                    prepared.append(Prepared(allocated.device, edits, common))
+                    continue
+                if self._maker is None:
+                    raise PrepareError("dynamic MIG devices are made only by `dra-agent run`, which records them")
+                edits, restore = await asyncio.to_thread(self._maker.make, claim.uid, allocated.device,
                                                          self._offers[allocated.device])
                 prepared.append(Prepared(allocated.device, edits, common, restore))
         except BaseException:
@@ -91,6 +99,7 @@ class NvidiaMigBackend(NvidiaBackend):
         return prepared
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
+        """Destroy the dynamic MIG devices made for the claim; static ones stay as they were."""
         if self._maker is None:
             return
         for item in prepared:
@@ -110,13 +119,20 @@ class NvidiaMigBackend(NvidiaBackend):
         counter_sets: list[CounterSet] = []
         refs: dict[str, DeviceRef] = {}
         offers: dict[str, Offer] = {}
+        existing: dict[str, tuple[int, int, int]] = {}
         self.driver_version_seen(system.driver_version)
         for gpu in gpus:
             if not gpu.mig_enabled:
                 continue
             topology = self.ctx.topology.lookup(gpu.bus_id)
             warnings.extend(topology.problems)
-            if self.settings.mode_for(gpu.product_name) == "dynamic":
+            dynamic = self.settings.mode_for(gpu.product_name) == "dynamic"
+            if dynamic and gpu.mig_pending:
+                # It leaves MIG mode at its next reset: offer what exists, make nothing new.
+                warnings.append(f"GPU {gpu.bus_id}: MIG mode change pending a GPU reset; its existing MIG "
+                                "devices are offered as they are, no new ones are made")
+                dynamic = False
+            if dynamic:
                 attrs, attr_problems = gpu_attributes(gpu, system)
                 warnings.extend(f"GPU {gpu.bus_id}: {p}" for p in attr_problems)
                 try:
@@ -138,8 +154,10 @@ class NvidiaMigBackend(NvidiaBackend):
                 device = self._device(mig, system, topology, warnings)
                 devices.append(device)
                 refs[device.name] = DeviceRef(gpu.uuid, gpu.bus_id, mig.gpu_instance_id, mig.compute_instance_id)
+                existing[device.name] = (gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
         self._refs = refs
         self._offers = offers
+        self._existing = existing
         return Inventory(devices=tuple(devices), counter_sets=tuple(counter_sets), warnings=tuple(warnings))
 
     def _device(self, mig: MigInfo, system: SystemInfo, topology: PciTopology, warnings: list[str]) -> Device:

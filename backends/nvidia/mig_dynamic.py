@@ -12,13 +12,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
 from backends.contract import AttributeValue, CounterSet, Device, PrepareError
 from backends.failpoints import failpoint
+from backends.nvidia.mig_edits import MigEdits
 from backends.nvidia.mig_layout import GiProfile, Placement, layout, mig_label
 from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
 from backends.nvidia.nvml import GpuInfo, NvmlError, nvml_session
@@ -31,7 +31,7 @@ from backends.nvidia.nvml_mig import (
     mig_instance_exists,
 )
 from backends.topology import PciTopology, device_name
-from cdi.spec import ContainerEdits, DeviceNode
+from cdi.spec import ContainerEdits
 
 __all__ = ["MigMaker", "Offer", "dynamic_devices"]
 
@@ -86,12 +86,11 @@ class MigMaker:
     """Makes and unmakes dynamic MIG devices for claims; blocking (NVML, fsync): call from a worker thread. One
     change at a time: NVML's placement rules are about the whole GPU, and the ledger is one file."""
 
-    def __init__(self, ledger: MigLedger, host_root: Path, log: FilteringBoundLogger) -> None:
+    def __init__(self, ledger: MigLedger, edits: MigEdits, log: FilteringBoundLogger) -> None:
         self.ledger = ledger
-        self._host_root = host_root
+        self._mig_edits = edits
         self._log = log
         self._lock = threading.Lock()
-        self._minors: dict[str, int] | None = None
 
     def make(self, claim: str, device: str, offer: Offer) -> tuple[ContainerEdits, dict[str, Any]]:
         """The MIG device for (claim, device), made now or found made by an earlier call; its container edits and
@@ -161,34 +160,8 @@ class MigMaker:
         return mig_instance_exists(entry.bus_id, entry.gpu_instance, entry.profile_id, entry.start)
 
     def _edits(self, offer: Offer, entry: LedgerEntry) -> ContainerEdits:
-        """The parent GPU's node and the two capability nodes that grant the GPU and compute instance."""
         assert entry.gpu_instance is not None and entry.compute_instance is not None
-        minors = self._capability_minors()
-        base = f"gpu{offer.gpu_minor}/gi{entry.gpu_instance}"
-        nodes = [DeviceNode(f"/dev/nvidia{offer.gpu_minor}")]
-        for key in (f"{base}/access", f"{base}/ci{entry.compute_instance}/access"):
-            minor = minors.get(key)
-            if minor is None:
-                raise PrepareError(f"the NVIDIA driver lists no MIG capability {key} "
-                                   "(/proc/driver/nvidia-caps/mig-minors)")
-            nodes.append(DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minor}"))
-        return ContainerEdits(device_nodes=tuple(nodes))
-
-    def _capability_minors(self) -> dict[str, int]:
-        """The driver's table of MIG capability minors (fixed while it is loaded)."""
-        if self._minors is None:
-            table = self._host_root / "proc/driver/nvidia-caps/mig-minors"
-            try:
-                lines = table.read_text().splitlines()
-            except OSError as e:
-                raise PrepareError(f"cannot read the NVIDIA driver's MIG capabilities ({table}): {e}") from None
-            minors = {}
-            for line in lines:
-                key, _, value = line.rpartition(" ")
-                if key and value.isdigit():
-                    minors[key] = int(value)
-            self._minors = minors
-        return self._minors
+        return self._mig_edits.edits(offer.gpu_minor, entry.gpu_instance, entry.compute_instance)
 
 
 def _restore(entry: LedgerEntry) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Dynamic MIG: the counters that let a scheduler pick placements NVML accepts, the published slices, and MIG
-devices made at prepare with NVML's real placement rules (simulated) and unmade at unprepare."""
+"""MIG devices. Dynamic: the counters that let a scheduler pick placements NVML accepts, the published slices, and MIG
+devices made at prepare with NVML's real placement rules (simulated), unmade at unprepare, undone after a crash.
+Static: existing MIG devices handed out as they are."""
 
 from __future__ import annotations
 
@@ -12,16 +13,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
+import structlog
 import yaml
 
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
+from backends.contract import BackendContext
 from backends.failpoints import MIG_POINTS
+from backends.nvidia.mig import NvidiaMigBackend
 from backends.nvidia.mig_layout import GiProfile, Placement, layout, valid_combinations
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.simulation.node import SimulatedNode, mig_minor
+from backends.topology import TopologyReader
 from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, settings_for
 from tests.slice_checks import assert_valid_slices
 
@@ -227,3 +233,36 @@ async def test_a_crash_while_making_a_mig_device_is_undone_at_restart(scratch: P
         finally:
             await crashing.stop()
             await restarted.stop()
+
+
+async def test_a_static_mig_device_is_handed_out_and_left_in_place(scratch: Path) -> None:
+    async with agent_in_process(scratch, "mixed") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await kubelet.wait_for_plugin(GPU)
+        before = mig_instances()["0000:07:00.0"]
+        assert before == [("1g.10gb", 6), ("2g.20gb", 4), ("3g.40gb", 0)]
+        claim, result = await prepare(plugin, env, "static", "gpu-0000-07-00-0-mig-2g20gb-14-4")
+        assert result.error == ""
+        spec = yaml.safe_load(next(env.settings.cdi_dir.glob(f"*{claim.uid}*")).read_text())
+        nodes = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+        gi = next(m.gpu_instance_id for m in _migs("0000:07:00.0") if m.placement_start == 4)
+        assert nodes == ["/dev/nvidia1", f"/dev/nvidia-caps/nvidia-cap{mig_minor(1, gi)}",
+                         f"/dev/nvidia-caps/nvidia-cap{mig_minor(1, gi, 0)}"]
+        assert (await plugin.unprepare([claim]))[claim.uid] == ""
+        assert mig_instances()["0000:07:00.0"] == before, "a static MIG device is not the agent's to destroy"
+
+
+async def test_a_gpu_waiting_for_a_reset_to_leave_mig_mode_is_not_partitioned(
+        sim_node: Callable[[str], SimulatedNode]) -> None:
+    node = sim_node("mixed")
+    with nvml_session():  # an operator asks the A100 to leave MIG mode: Ampere needs a reset for that
+        handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+        for instance in node.nvml.instances(1):
+            node.nvml.destroy_instance(1, instance.gi)
+        assert pynvml.nvmlDeviceSetMigMode(handle, 0) == pynvml.NVML_ERROR_RESET_REQUIRED
+    backend = NvidiaMigBackend()
+    await backend.start(BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs),
+                                       {"mode": "dynamic"}, structlog.get_logger("nvidia-mig")))
+    inventory = await backend.discover()
+    assert inventory.devices == () and inventory.counter_sets == ()
+    assert any("MIG mode change pending a GPU reset" in w for w in inventory.warnings)
+    await backend.stop()
