@@ -98,10 +98,26 @@ class Driver:
 
     # --- serving ------------------------------------------------------------------------------------
 
+    async def _reconcile(self, preparer: Preparer) -> None:
+        """Tell each backend that keeps records of what it made which claims still hold its devices, so that it
+        releases what no claim holds (made for a claim whose record is gone)."""
+        for name, report in self._reports.items():
+            reconcile = getattr(report.plugin.backend, "reconcile", None)
+            if reconcile is None:
+                continue
+            held = {c.uid: tuple(d.device for d in c.devices if d.backend == name)
+                    for c in preparer.checkpoint.claims.values()}
+            try:
+                await reconcile({uid: devices for uid, devices in held.items() if devices})
+            except Exception as e:  # a backend's bug must not keep the driver from serving
+                self._log.error("backend reconcile failed", backend=name, error=f"{type(e).__name__}: {e}",
+                                exc_info=True)
+
     async def _activate(self) -> None:
         """Replay the checkpoint (claims prepared before a restart stay prepared), publish, serve."""
         preparer = self.preparer = self._preparer()
         await preparer.recover()
+        await self._reconcile(preparer)
         self.board.in_use = lambda: {d.device for c in preparer.checkpoint.claims.values() for d in c.devices}
         for device in self.pool.devices:
             self._setup.metrics.set_health(self.name, device.name, Health.HEALTHY.value)

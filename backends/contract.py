@@ -298,3 +298,8 @@ class Backend(Protocol):
 
     async def stop(self) -> None:
         """Release everything `start` opened."""
+
+    # Optional: `async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None`. A backend that keeps its
+    # own records of what it made on the hardware may define it; the core calls it once at start, after
+    # replaying its checkpoint, with the claims (UID → device names) that still hold the backend's devices, and
+    # the backend releases whatever it made for anything else.

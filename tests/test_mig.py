@@ -266,3 +266,32 @@ async def test_a_gpu_waiting_for_a_reset_to_leave_mig_mode_is_not_partitioned(
     assert inventory.devices == () and inventory.counter_sets == ()
     assert any("MIG mode change pending a GPU reset" in w for w in inventory.warnings)
     await backend.stop()
+
+
+async def test_at_start_mig_devices_no_claim_holds_any_more_are_destroyed(scratch: Path) -> None:
+    """The checkpoint is lost (a disk replaced, a state folder wiped) while a MIG device the agent made exists:
+    the ledger says it is the agent's, no claim holds it, so the next start destroys it."""
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"),
+                                str(dgx_h100_in_mig_mode(scratch)), backends=("nvidia-mig",))
+        env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
+        first, second = AgentProcess(settings, env), AgentProcess(settings, env)
+        assert settings.sim_root is not None
+        try:
+            await first.start()
+            async with KubeletSimulator(settings.registry_dir) as kubelet:
+                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                ref = allocate(server, "train", [("mig", GPU, "gpu-0000-18-00-0-mig-2g20gb-14-2")])
+                await plugin.prepare_or_raise([ref])
+                await first.stop()  # killed
+                assert made_on_node(settings.sim_root, "0000:18:00.0") == [("2g.20gb", 2, 1)]
+                (settings.state_dir / GPU / "checkpoint.journal").unlink()
+                await second.start()
+                await kubelet.deregistered(GPU)
+                await kubelet.wait_for_plugin(GPU, timeout=30)
+                assert made_on_node(settings.sim_root, "0000:18:00.0") == []
+                assert "destroying a MIG device made for a claim no longer prepared" in second.output()
+        finally:
+            await first.stop()
+            await second.stop()

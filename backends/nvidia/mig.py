@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from backends.contract import (
     Allocated,
@@ -97,6 +97,16 @@ class NvidiaMigBackend(NvidiaBackend):
             await self.unprepare(claim, prepared)
             raise
         return prepared
+
+    async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
+        """Destroy the MIG devices this agent made for claims the core no longer holds (its records were lost)."""
+        if self._maker is None:
+            return
+        for entry in self._maker.ledger:
+            if entry.device not in held.get(entry.claim, ()):
+                self.ctx.log.warning("destroying a MIG device made for a claim no longer prepared",
+                                     device=entry.device, claim=entry.claim, gpu=entry.bus_id)
+                await asyncio.to_thread(self._maker.unmake, entry.claim, entry.device)
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         """Destroy the dynamic MIG devices made for the claim; static ones stay as they were."""
