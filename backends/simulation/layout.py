@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from backends.simulation.catalog import GOOGLE, GPU_MODELS, NIC_MODELS, NVIDIA, TPU_MODELS, NicModel
 from backends.simulation.profile import GpuSpec, NicSpec, NodeProfile, PciSpec, ProfileError, Slot, TpuSpec
 
-__all__ = ["GpuPlan", "NicPlan", "NodePlan", "OtherPlan", "PciFunction", "TpuPlan", "VfPlan", "plan_node"]
+__all__ = ["GpuPlan", "NicPlan", "NodePlan", "OtherPlan", "PciFunction", "TpuPlan", "VfPlan", "plan_node", "plan_vf",
+           "vf_netdev"]
 
 # PCIe port types as the capability register encodes them.
 PORT_ENDPOINT, PORT_ROOT, PORT_UPSTREAM, PORT_DOWNSTREAM, PORT_INTEGRATED = 0x0, 0x4, 0x5, 0x6, 0x9
@@ -202,20 +203,31 @@ class _Planner:
         rdma = self.next_rdma() if model.rdma else None
         vfs: list[VfPlan] = []
         for i in range(spec.sriov.num_vfs if spec.sriov else 0):
-            # With ARI, VF i sits at routing id PF + offset(1) + i, on the PF's bus.
-            vf_devfn = devfn + 1 + i
-            if vf_devfn > 0xFF:
-                raise ProfileError(f"{pf.bus_id}: too many VFs for one bus")
-            vf_path = (*path[:-1], _bdf(domain, bus, vf_devfn))
-            assert model.vf_device_id is not None  # profile validation guarantees SR-IOV support
-            self.add(vf_path, model.vendor_id, model.vf_device_id, model.class_code, model.vf_driver, numa, port)
-            vf_rdma = self.next_rdma() if model.rdma else None
-            vfs.append(VfPlan(vf_path[-1], i, f"{netdev.removesuffix('np0')}v{i}", vf_rdma))
+            vf_fn = plan_vf(pf, model, i, self.counter.group())
+            self.functions.append(vf_fn)
+            vfs.append(VfPlan(vf_fn.bus_id, i, vf_netdev(netdev, i), self.next_rdma() if model.rdma else None))
         self.nics.append(NicPlan(pf.bus_id, spec, model, netdev, rdma, tuple(vfs)))
 
     def next_rdma(self) -> int:
         self.counter.rdma += 1
         return self.counter.rdma - 1
+
+
+def plan_vf(pf: PciFunction, model: NicModel, index: int, iommu_group: int) -> PciFunction:
+    """VF `index` of a PF, where the PF's SR-IOV capability puts it, bound to the model's VF driver."""
+    domain, bus, devfn = int(pf.bus_id[:4], 16), int(pf.bus_id[5:7], 16), int(pf.bus_id[8:10], 16) << 3
+    # With ARI, VF i sits at routing id PF + offset(1) + i, on the PF's bus.
+    vf_devfn = devfn + int(pf.bus_id[11], 16) + 1 + index
+    if vf_devfn > 0xFF:
+        raise ProfileError(f"{pf.bus_id}: too many VFs for one bus")
+    assert model.vf_device_id is not None  # profile validation guarantees SR-IOV support
+    return PciFunction(_bdf(domain, bus, vf_devfn), (*pf.path[:-1], _bdf(domain, bus, vf_devfn)), model.vendor_id,
+                       model.vf_device_id, model.class_code, model.vf_driver, pf.numa_node, iommu_group, pf.port_type)
+
+
+def vf_netdev(pf_netdev: str, index: int) -> str:
+    """The name udev gives VF `index`'s network interface."""
+    return f"{pf_netdev.removesuffix('np0')}v{index}"
 
 
 def plan_node(profile: NodeProfile) -> NodePlan:

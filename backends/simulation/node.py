@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.simulation.catalog import GPU_MODELS
+from backends.simulation.kernel import SimulatedKernel
 from backends.simulation.layout import NodePlan, plan_node
 from backends.simulation.nvml import SimGpu, SimulatedNvml
 from backends.simulation.nvml_control import control_socket, serve_control
@@ -194,8 +195,8 @@ def _memory_dir() -> str | None:
 
 @contextmanager
 def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iterator[SimulatedNode]:
-    """A node from a profile (name, path or object) with its NVML installed and its control channel served for
-    the duration of the block.
+    """A node from a profile (name, path or object) with its NVML installed, its control channel served and its
+    kernel reacting to sysfs writes (see `kernel`) for the duration of the block.
 
     Without `root` the node lives in a temporary folder removed afterwards; with `root` it is kept there
     (see `SimulatedNode.open`).
@@ -203,13 +204,13 @@ def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iter
     spec = load_profile(profile) if isinstance(profile, str) else profile
     if root is not None:
         node = SimulatedNode.open(spec, root)
-        with node.nvml, serve_control(node.nvml, node.root):
+        with node.nvml, serve_control(node.nvml, node.root), SimulatedKernel(node.root, node.plan):
             yield node
         return
     base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir()))
     try:
         node = SimulatedNode.build(spec, base)
-        with node.nvml, serve_control(node.nvml, node.root):
+        with node.nvml, serve_control(node.nvml, node.root), SimulatedKernel(node.root, node.plan):
             yield node
     finally:
         shutil.rmtree(base, ignore_errors=True)
