@@ -98,6 +98,11 @@ class NvidiaMigBackend(NvidiaBackend):
             raise
         return prepared
 
+    async def stop(self) -> None:
+        await super().stop()
+        if self._maker is not None:
+            self._maker.ledger.close()
+
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         """Destroy the MIG devices this agent made for claims the core no longer holds (its records were lost)."""
         if self._maker is None:

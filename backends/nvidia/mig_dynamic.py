@@ -1,9 +1,10 @@
 """Dynamic MIG: a MIG-enabled GPU offered as partitionable devices (the whole GPU and every profile at every
 placement, see `mig_layout`), and the MIG device a claim was allocated made at prepare and unmade at unprepare.
 
-Making one records the intent in the ledger first, then creates the GPU instance at exactly the allocated
-placement, records its id, creates the compute instance and records it too; so a crash at any point leaves a
-record that says what may exist and is ours. Unmaking destroys what the record names, if it is still the
+Making one records the intent in the ledger first (claim, device, GPU, profile, placement), then creates the GPU
+instance at exactly the allocated placement and its compute instance, and records their ids: two durable records.
+A crash in between leaves the intent, which names the placement; the instance found there is the one the agent
+made, as creating it required the placement free. Unmaking destroys what the record names, if it is still the
 instance recorded, and drops the record. Instances the agent did not create are never touched.
 """
 
@@ -27,6 +28,8 @@ from backends.nvidia.nvml_mig import (
     create_compute_instance,
     create_gpu_instance,
     destroy_mig,
+    existing_compute_instance,
+    find_gpu_instance,
     gpu_instance_profiles,
     mig_instance_exists,
 )
@@ -101,58 +104,61 @@ class MigMaker:
                                "allocate one of its MIG devices")
         with self._lock, nvml_session():
             entry = self.ledger.get(claim, device)
-            if entry is not None and entry.gpu_instance is not None and not self._exists(entry):
+            if entry is not None and entry.compute_instance is not None and not self._exists(entry):
                 self.ledger.remove(entry)  # destroyed behind our back: make it again
                 entry = None
             if entry is None:
+                # The intent first: a crash from here on leaves a record of what may exist and is ours.
                 entry = self.ledger.put(LedgerEntry(claim, device, offer.bus_id, placement.profile.id, placement.start))
-            if entry.gpu_instance is None:
-                entry = self._create_gpu_instance(entry, placement)
             if entry.compute_instance is None:
-                entry = self._create_compute_instance(entry, placement)
+                entry = self._finish(entry, placement)
         return self._edits(offer, entry), _restore(entry)
 
-    def _create_gpu_instance(self, entry: LedgerEntry, placement: Placement) -> LedgerEntry:
+    def _finish(self, entry: LedgerEntry, placement: Placement) -> LedgerEntry:
+        """Create what the intent names, or adopt what an earlier attempt cut short by a crash created: at this
+        placement nothing else can exist, as creating it required the placement free."""
         profile = placement.profile
+        gi = find_gpu_instance(entry.bus_id, profile.id, placement.start)
+        if gi is None:
+            try:
+                gi = create_gpu_instance(entry.bus_id, profile.id, placement.start, profile.size)
+            except NvmlError as e:
+                self.ledger.remove(entry)
+                if e.code == INSUFFICIENT_RESOURCES:
+                    raise PrepareError(f"MIG {profile.name} at placement {placement.start} overlaps a MIG "
+                                       f"device that exists on GPU {entry.bus_id}") from None
+                raise PrepareError(f"creating MIG {profile.name} at {placement.start} failed: {e}") from None
+            failpoint("mig-after-gpu-instance")
         try:
-            gi = create_gpu_instance(entry.bus_id, profile.id, placement.start, profile.size)
+            created = existing_compute_instance(entry.bus_id, gi) or create_compute_instance(
+                entry.bus_id, gi, profile.slices)
         except NvmlError as e:
-            self.ledger.remove(entry)
-            if e.code == INSUFFICIENT_RESOURCES:
-                raise PrepareError(f"MIG {profile.name} at placement {placement.start} overlaps a MIG "
-                                   f"device that exists on GPU {entry.bus_id}") from None
-            raise PrepareError(f"creating MIG {profile.name} at {placement.start} failed: "
-                               f"{e}") from None
-        entry = self.ledger.update(entry, gpu_instance=gi)
-        failpoint("mig-after-gpu-instance")
-        return entry
-
-    def _create_compute_instance(self, entry: LedgerEntry, placement: Placement) -> LedgerEntry:
-        assert entry.gpu_instance is not None
-        try:
-            created = create_compute_instance(entry.bus_id, entry.gpu_instance, placement.profile.slices)
-        except NvmlError as e:
-            destroy_mig(entry.bus_id, entry.gpu_instance)
+            destroy_mig(entry.bus_id, gi)
             self.ledger.remove(entry)
             raise PrepareError(f"creating the compute instance failed: {e}") from None
-        self._log.info("MIG device created", device=entry.device, claim=entry.claim, gpu=entry.bus_id,
-                       gpu_instance=entry.gpu_instance, compute_instance=created.compute_instance_id)
-        entry = self.ledger.update(entry, compute_instance=created.compute_instance_id, uuid=created.uuid)
         failpoint("mig-after-compute-instance")
+        entry = self.ledger.update(entry, gpu_instance=gi, compute_instance=created.compute_instance_id,
+                                   uuid=created.uuid)
+        self._log.info("MIG device created", device=entry.device, claim=entry.claim, gpu=entry.bus_id,
+                       gpu_instance=gi, compute_instance=created.compute_instance_id)
         return entry
 
     def unmake(self, claim: str, device: str) -> None:
-        """Destroy the MIG device made for (claim, device), if it exists and is the one recorded."""
+        """Destroy the MIG device made for (claim, device), if it exists and is the one recorded (or, for an
+        intent a crash cut short, the instance at its placement)."""
         with self._lock:
             entry = self.ledger.get(claim, device)
             if entry is None:
                 return
-            if entry.gpu_instance is not None:
-                with nvml_session():
-                    if self._exists(entry):
-                        destroy_mig(entry.bus_id, entry.gpu_instance)
-                        self._log.info("MIG device destroyed", device=device, claim=claim, gpu=entry.bus_id,
-                                       gpu_instance=entry.gpu_instance)
+            with nvml_session():
+                if entry.gpu_instance is None:
+                    gi = find_gpu_instance(entry.bus_id, entry.profile_id, entry.start)
+                else:
+                    gi = entry.gpu_instance if self._exists(entry) else None
+                if gi is not None:
+                    destroy_mig(entry.bus_id, gi)
+                    self._log.info("MIG device destroyed", device=device, claim=claim, gpu=entry.bus_id,
+                                   gpu_instance=gi)
             self.ledger.remove(entry)
 
     def _exists(self, entry: LedgerEntry) -> bool:

@@ -2,9 +2,13 @@
 operator or another tool made, and can finish or undo a prepare a crash cut short.
 
 Each entry is written durably before NVML is asked to create anything (the intent: claim, device, GPU, profile,
-placement), and again once the GPU instance and the compute instance exist (their ids). An entry goes when its
-instance is destroyed. The file is rewritten whole, atomically (temporary file, fsync, rename, directory fsync):
-it holds a few entries per GPU at most.
+placement), and again once the GPU instance and its compute instance exist (their ids). An entry goes when its
+instance is destroyed.
+
+The file is an append-only journal of JSON lines (`{"put": entry}` or `{"remove": key}`), each made durable with
+one `fdatasync` (a quarter of a millisecond here, against ten times that for rewriting and renaming a file): the
+two records of a prepare stay well inside its latency budget. A line torn by a crash is the last one and is
+ignored on load. When the journal holds many more lines than entries it is rewritten whole, atomically.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 __all__ = ["LedgerEntry", "MigLedger"]
+
+_COMPACT_SLACK = 256  # lines beyond the live entries before the journal is rewritten
 
 
 @dataclass(frozen=True)
@@ -37,23 +44,39 @@ class LedgerEntry:
 
 
 class MigLedger:
-    """The entries, in memory and in `path`; not thread-safe: one backend owns it and serialises its calls."""
+    """The entries, in memory and in the journal at `path`; not thread-safe: one owner serialises its calls."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._entries: dict[str, LedgerEntry] = {}
+        self._lines = 0
+        self._fd: int | None = None
         self.problems: list[str] = []
 
     def load(self) -> None:
         try:
-            data = json.loads(self.path.read_text())
-            self._entries = {e.key: e for e in (LedgerEntry(**item) for item in data["entries"])}
+            lines = self.path.read_bytes().splitlines()
         except FileNotFoundError:
-            self._entries = {}
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            # Unreadable: act as if empty (nothing is destroyed that is not known to be ours) and say so.
+            lines = []
+        except OSError as e:
             self.problems.append(f"MIG ledger {self.path} unreadable, ignored: {e}")
-            self._entries = {}
+            lines = []
+        self._entries = {}
+        for number, line in enumerate(lines, 1):
+            try:
+                self._apply(json.loads(line))
+            except (ValueError, TypeError, KeyError) as e:
+                if number < len(lines):  # not a torn last line: something else wrote here
+                    self.problems.append(f"MIG ledger {self.path} line {number} ignored: {e}")
+        self._lines = len(lines)
+        self._compact()  # start from a clean file: no torn tail for the next append to follow
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        if "put" in record:
+            entry = LedgerEntry(**record["put"])
+            self._entries[entry.key] = entry
+        else:
+            self._entries.pop(str(record["remove"]), None)
 
     def __iter__(self) -> Iterator[LedgerEntry]:
         return iter(list(self._entries.values()))
@@ -62,28 +85,49 @@ class MigLedger:
         return self._entries.get(f"{claim}/{device}")
 
     def put(self, entry: LedgerEntry) -> LedgerEntry:
+        self._append({"put": asdict(entry)})
         self._entries[entry.key] = entry
-        self._save()
         return entry
 
-    def update(self, entry: LedgerEntry, **changes: object) -> LedgerEntry:
-        return self.put(replace(entry, **changes))  # type: ignore[arg-type]
+    def update(self, entry: LedgerEntry, **changes: Any) -> LedgerEntry:
+        return self.put(replace(entry, **changes))
 
     def remove(self, entry: LedgerEntry) -> None:
-        if self._entries.pop(entry.key, None) is not None:
-            self._save()
+        if entry.key in self._entries:
+            self._append({"remove": entry.key})
+            del self._entries[entry.key]
+            if self._lines > len(self._entries) + _COMPACT_SLACK:
+                self._compact()
 
-    def _save(self) -> None:
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self._fd is None:
+            self._compact()
+        assert self._fd is not None
+        os.write(self._fd, json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        os.fdatasync(self._fd)
+        self._lines += 1
+
+    def _compact(self) -> None:
+        """Rewrite the journal with one line per live entry: temporary file, fsync, rename, directory fsync."""
+        self.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_name(f".{self.path.name}.tmp")
-        body = json.dumps({"entries": [asdict(e) for e in self._entries.values()]}, indent=1)
-        with open(temp, "w") as f:
+        body = b"".join(json.dumps({"put": asdict(e)}, separators=(",", ":")).encode() + b"\n"
+                        for e in self._entries.values())
+        with open(temp, "wb") as f:
             f.write(body)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
+        directory = os.open(self.path.parent, os.O_RDONLY)
         try:
-            os.fsync(fd)
+            os.fsync(directory)
         finally:
-            os.close(fd)
+            os.close(directory)
+        self._lines = len(self._entries)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)

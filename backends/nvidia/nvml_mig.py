@@ -22,6 +22,8 @@ __all__ = [
     "create_compute_instance",
     "create_gpu_instance",
     "destroy_mig",
+    "existing_compute_instance",
+    "find_gpu_instance",
     "gpu_instance_profiles",
     "mig_instance_exists",
 ]
@@ -130,6 +132,36 @@ def _compute_instances(gi: Any, profile_id: int) -> list[Any]:
     except pynvml.NVMLError as e:
         raise NvmlError("nvmlGpuInstanceGetComputeInstances", e) from None
     return list(array[: count.value])
+
+
+def find_gpu_instance(bus_id: str, profile_id: int, start: int) -> int | None:
+    """The id of the GPU instance of this profile at this start, if there is one."""
+    handle = _handle(bus_id)
+    array = (pynvml.c_nvmlGpuInstance_t * 8)()
+    count = ctypes.c_uint(0)
+    try:
+        pynvml.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+        return None  # MIG is off, or the GPU lacks the profile: no such instance
+    except pynvml.NVMLError as e:
+        raise NvmlError("nvmlDeviceGetGpuInstances", e) from None
+    for gi in array[: count.value]:
+        info = _call("nvmlGpuInstanceGetInfo", pynvml.nvmlGpuInstanceGetInfo, gi)
+        if info.placement.start == start:
+            found: int = info.id
+            return found
+    return None
+
+
+def existing_compute_instance(bus_id: str, gpu_instance_id: int) -> CreatedMig | None:
+    """The compute instance a GPU instance holds already (the one made for it), if any."""
+    gi = _call("nvmlDeviceGetGpuInstanceById", pynvml.nvmlDeviceGetGpuInstanceById, _handle(bus_id), gpu_instance_id)
+    for profile in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        for ci in _compute_instances(gi, profile):
+            info = _call("nvmlComputeInstanceGetInfo", pynvml.nvmlComputeInstanceGetInfo, ci)
+            uuid = _call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, info.device)
+            return CreatedMig(gpu_instance_id, info.id, uuid)
+    return None
 
 
 def mig_instance_exists(bus_id: str, gpu_instance_id: int, profile_id: int, start: int) -> bool:
