@@ -23,7 +23,10 @@ from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
 from backends.contract import BackendContext
 from backends.failpoints import MIG_POINTS
 from backends.nvidia.mig import NvidiaMigBackend
+from backends.nvidia.mig_dynamic import MigMaker, dynamic_devices
+from backends.nvidia.mig_edits import MigEdits
 from backends.nvidia.mig_layout import GiProfile, Placement, layout, valid_combinations
+from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.simulation.node import SimulatedNode, mig_minor
@@ -295,3 +298,27 @@ async def test_at_start_mig_devices_no_claim_holds_any_more_are_destroyed(scratc
         finally:
             await first.stop()
             await second.stop()
+
+
+def test_an_intent_left_by_a_crash_is_finished_with_what_it_made(sim_node: Callable[[str], SimulatedNode],
+                                                                  tmp_path: Path) -> None:
+    """A prepare retried after a crash cut it short between the GPU instance and the record of its ids: the
+    instance at the intent's placement is the one it made, and is finished rather than made twice."""
+    node = sim_node(str(dgx_h100_in_mig_mode(tmp_path)))
+    ledger = MigLedger(tmp_path / "ledger.json")
+    ledger.load()
+    maker = MigMaker(ledger, MigEdits(node.root), structlog.get_logger("nvidia-mig"))
+    with nvml_session():
+        gpu = next(g for g in list_gpus()[0] if g.bus_id == "0000:18:00.0")
+        _, _, offers = dynamic_devices(gpu, {}, TopologyReader(node.sysfs).lookup(gpu.bus_id))
+    device = "gpu-0000-18-00-0-mig-3g40gb-9-4"
+    offer = offers[device]
+    assert offer.placement is not None
+    ledger.put(LedgerEntry("uid", device, "0000:18:00.0", offer.placement.profile.id, 4))
+    node.nvml.create_instance(0, "3g.40gb", 4)  # what the cut-short attempt made, compute instance included
+    edits, restore = maker.make("uid", device, offer)
+    assert [(v.profile, v.start) for v in node.nvml.instances(0)] == [("3g.40gb", 4)], "nothing made twice"
+    assert restore["gpuInstance"] == node.nvml.instances(0)[0].gi
+    assert edits.device_nodes[0].path == "/dev/nvidia0"
+    maker.unmake("uid", device)
+    assert node.nvml.instances(0) == [] and list(ledger) == []

@@ -107,18 +107,20 @@ class MigMaker:
             if entry is not None and entry.compute_instance is not None and not self._exists(entry):
                 self.ledger.remove(entry)  # destroyed behind our back: make it again
                 entry = None
+            fresh = entry is None
             if entry is None:
                 # The intent first: a crash from here on leaves a record of what may exist and is ours.
                 entry = self.ledger.put(LedgerEntry(claim, device, offer.bus_id, placement.profile.id, placement.start))
             if entry.compute_instance is None:
-                entry = self._finish(entry, placement)
+                entry = self._finish(entry, placement, adopt=not fresh)
         return self._edits(offer, entry), _restore(entry)
 
-    def _finish(self, entry: LedgerEntry, placement: Placement) -> LedgerEntry:
-        """Create what the intent names, or adopt what an earlier attempt cut short by a crash created: at this
-        placement nothing else can exist, as creating it required the placement free."""
+    def _finish(self, entry: LedgerEntry, placement: Placement, adopt: bool) -> LedgerEntry:
+        """Create what the intent names; with `adopt` (an intent an earlier attempt left, cut short by a crash),
+        first take over what that attempt created: at this placement nothing else can exist, as creating it
+        required the placement free."""
         profile = placement.profile
-        gi = find_gpu_instance(entry.bus_id, profile.id, placement.start)
+        gi = find_gpu_instance(entry.bus_id, profile.id, placement.start) if adopt else None
         if gi is None:
             try:
                 gi = create_gpu_instance(entry.bus_id, profile.id, placement.start, profile.size)
@@ -130,8 +132,8 @@ class MigMaker:
                 raise PrepareError(f"creating MIG {profile.name} at {placement.start} failed: {e}") from None
             failpoint("mig-after-gpu-instance")
         try:
-            created = existing_compute_instance(entry.bus_id, gi) or create_compute_instance(
-                entry.bus_id, gi, profile.slices)
+            existing = existing_compute_instance(entry.bus_id, gi) if adopt else None
+            created = existing or create_compute_instance(entry.bus_id, gi, profile.slices)
         except NvmlError as e:
             destroy_mig(entry.bus_id, gi)
             self.ledger.remove(entry)
