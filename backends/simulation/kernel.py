@@ -56,8 +56,9 @@ class SimulatedKernel:
         self._watch(pci.sys / "bus/pci", _PROBE, "")
         for driver in sorted((pci.sys / "bus/pci/drivers").iterdir()):
             self._watch(driver, _DRIVER, driver.name)
+        # Watched through the bus/pci/devices links (inotify follows them): resolving 100+ paths costs more.
         for entry in sorted((pci.sys / "bus/pci/devices").iterdir()):
-            self._watch(Path(os.path.realpath(entry)), _FUNCTION, entry.name)
+            self._watch(entry, _FUNCTION, entry.name)
         self._wake = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"simulated-kernel-{self.root.name}", daemon=True)
         self._thread.start()
@@ -117,10 +118,14 @@ class SimulatedKernel:
             pci.bind(_written_bus_id(folder / name), key)
         elif kind == _DRIVER and name == "unbind":
             pci.unbind(_written_bus_id(folder / name), key)
-        elif kind == _FUNCTION and name == "driver_override" and pci.folder(key) == folder:
-            pci.normalize_override(folder)
-        elif kind == _FUNCTION and name == "sriov_numvfs" and pci.folder(key) == folder:
-            for vf in self._sriov.numvfs_written(key, folder):
+        elif kind == _FUNCTION and name in ("driver_override", "sriov_numvfs"):
+            function = pci.folder(key)
+            if function is None:  # taken away by a pci-remove injection; a write there does nothing
+                return
+            if name == "driver_override":
+                pci.normalize_override(function)
+                return
+            for vf in self._sriov.numvfs_written(key, function):
                 self._watch(vf, _FUNCTION, vf.name)
 
 
