@@ -7,7 +7,7 @@
 2. the same NVML work done directly in this process on an identical simulated node: list the profiles once,
    then create GPU instance + compute instance, and destroy them, `--cycles` times.
 
-The agent's overhead beyond NVML is (1) − (2) at the median. The agent runs as its own process with its
+The agent's overhead beyond NVML is (1) - (2) at the median. The agent runs as its own process with its
 checkpoint and MIG ledger on disk (fdatasync), as in bench/prepare.py.
 
     python bench/mig.py [--cycles 300]
