@@ -95,12 +95,13 @@ class PciCore:
         if driver != (self.override(folder) or self.own_driver(bus_id, folder)):
             return False
         fn = self.function(bus_id, folder)
-        link_driver(str(self.sys), fn, driver)
         events: list[Uevent] = []
         if driver == VFIO_PCI:
             events += self._claim_vfio_group(fn.iommu_group)
         if driver == fn.driver:
             self._restore_class_devices(bus_id)
+        # The driver link last: whoever waits for it finds what the driver made (as after a real bind's write).
+        link_driver(str(self.sys), fn, driver)
         events.append(self.pci_event("bind", folder, driver))
         send(self.root, events)
         return True
@@ -119,7 +120,8 @@ class PciCore:
         current = None if folder is None else self.driver_of(folder)
         if folder is None or current is None or driver not in (None, current):
             return False
-        # The driver's remove() tears its class devices down before the device is unbound.
+        # The driver's remove() tears its class devices down before the device is unbound; the driver link goes
+        # last, so whoever waits for it to go finds them gone.
         glue = [folder / name for name in _CLASS_DIRS if (folder / name).is_dir()]
         if glue:
             self.forget_class_devices(bus_id)  # what an earlier unbind kept is stale now
@@ -127,8 +129,8 @@ class PciCore:
         events: list[Uevent] = []
         if current == VFIO_PCI:
             events += self._release_vfio_group(bus_id, folder)
-        (folder / "driver").unlink()
         (self.sys / "bus/pci/drivers" / current / bus_id).unlink(missing_ok=True)
+        (folder / "driver").unlink()
         events.append(self.pci_event("unbind", folder))
         send(self.root, events)
         return True

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from backends.simulation.kernel_pci import PciCore, read_text
 from backends.simulation.layout import NicPlan, PciFunction, plan_vf, vf_netdev
+from backends.simulation.sysfs_tree import bind as link_driver
 from backends.simulation.sysfs_tree import write_function, write_netdev, write_rdma
 from backends.simulation.udev_events import _devices_deepest_first
 from backends.simulation.uevents import send
@@ -92,19 +93,21 @@ class SriovControl:
         up = read_text(pci.sys / "class/net" / nic.netdev / "operstate").strip() != "down"
         sysfs = str(pci.sys)
         created: list[Path] = []
+        # Per VF, the driver link and then the PF's virtfn link come last: whoever waits for them finds the rest.
         for vf, rdma_index in vfs:
-            write_function(sysfs, vf if autoprobe else dataclasses.replace(vf, driver=None))
+            write_function(sysfs, dataclasses.replace(vf, driver=None))
             folder = pci.sys / "devices" / Path(*vf.path)
-            os.symlink(f"../{vf.bus_id}", pf / f"virtfn{len(created)}")
             os.symlink(f"../{nic.bus_id}", folder / "physfn")
             events = [pci.pci_event("add", folder)]
-            if autoprobe:
+            if autoprobe and vf.driver:
                 write_netdev(sysfs, vf, vf_netdev(nic.netdev, len(created)), nic.model.speed_mbps, up)
                 if rdma_index is not None:
                     write_rdma(sysfs, str(pci.root / "dev"), vf, rdma_index)
+                link_driver(sysfs, vf, vf.driver)
                 children = _devices_deepest_first(folder)[:-1]
                 events += [pci.injector._event("add", child) for child in reversed(children)]
                 events.append(pci.pci_event("bind", folder, vf.driver))
+            os.symlink(f"../{vf.bus_id}", pf / f"virtfn{len(created)}")
             send(pci.root, events)
             created.append(folder)
         return created
@@ -127,8 +130,8 @@ class SriovControl:
             if not any(members.iterdir()):
                 shutil.rmtree(members.parent)
             (pci.sys / "bus/pci/devices" / bus_id).unlink(missing_ok=True)
-            link.unlink()
             shutil.rmtree(folder)
+            link.unlink()  # last: whoever waits for the virtfn links to go finds the VF gone
             send(pci.root, [event])
 
     def _free_numbers(self) -> tuple[Iterator[int], Iterator[int]]:
