@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["MIG_POINTS", "POINTS", "failpoint"]
+__all__ = ["MIG_POINTS", "POINTS", "VFIO_POINTS", "failpoint"]
 
 POINTS = (
     "prepare-before-started",
@@ -26,6 +26,9 @@ POINTS = (
 
 MIG_POINTS = ("mig-after-gpu-instance", "mig-after-compute-instance")
 """nvidia-mig's points, between the NVML calls that make a MIG device and the ledger records of them."""
+
+VFIO_POINTS = ("vfio-after-intent", "vfio-after-binding")
+"""vfio-pci passthrough's points: after the intent record, and after the rebinding before the bound record."""
 
 _ACTIVE = frozenset(p for p in os.environ.get("DRA_AGENT_FAILPOINTS", "").split(",") if p)
 

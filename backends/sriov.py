@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
@@ -31,6 +31,7 @@ from backends.contract import (
 )
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex, read_int, read_link_name
 from backends.topology import device_name
+from backends.vfio import Passthrough, VfioConfig
 from cdi.spec import ContainerEdits, DeviceNode
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class SriovNicBackend(BuiltinBackend):
 
     name = "sriov-nic"
     driver = "sriov.dra-agent.io"
+    config_types = (VfioConfig,)
 
     def __init__(self) -> None:
         super().__init__()
@@ -54,6 +56,11 @@ class SriovNicBackend(BuiltinBackend):
         self._pfs: dict[str, tuple[str, ...]] = {}  # PF bus id → its VFs' device names, from the last discovery
         self._netdevs: set[str] = set()  # the PFs' interface names when their links were last read
         self._events: DeviceEventQueue | None = None
+        self._vfio: Passthrough | None = None
+
+    async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
+        # VFs left on vfio-pci for claims no longer held go back first: they are free again.
+        await self._passthrough().reconcile(held)
 
     async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
         ledger = HealthLedger()
@@ -118,11 +125,32 @@ class SriovNicBackend(BuiltinBackend):
         return events
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
-        """A VF keeps its kernel driver: the container gets its RDMA verbs device, when it has one."""
+        """A VF keeps its kernel driver: the container gets its RDMA verbs device, when it has one. A VF configured
+        with VfioConfig is bound to vfio-pci instead and gets its VFIO nodes."""
         missing = [a.device for a in devices if a.device not in self._vfs]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
-        return await asyncio.to_thread(self._prepare, devices)
+        plain = [a for a in devices if not isinstance(a.config, VfioConfig)]
+        prepared = {p.device: p for p in await asyncio.to_thread(self._prepare, plain)} if plain else {}
+        passthrough = [(a.device, self._vfs[a.device]) for a in devices if isinstance(a.config, VfioConfig)]
+        if passthrough:
+            for item in await self._passthrough().prepare(claim.uid, passthrough, set(self._vfs.values())):
+                prepared[item.device] = item
+        return [prepared[a.device] for a in devices]
+
+    async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
+        """VFs passed through go back to their driver; the others need nothing."""
+        await self._passthrough().unprepare(claim.uid, prepared)
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._vfio is not None:
+            self._vfio.close()
+
+    def _passthrough(self) -> Passthrough:
+        if self._vfio is None:
+            self._vfio = Passthrough(self.ctx)
+        return self._vfio
 
     def _prepare(self, devices: Sequence[Allocated]) -> list[Prepared]:
         prepared: list[Prepared] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from backends.contract import Allocated, ClaimRef, Device, Inventory, Prepared, PrepareError
 from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
@@ -11,6 +11,7 @@ from backends.nvidia.config import GpuConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
 from backends.topology import device_name
+from backends.vfio import Passthrough, VfioConfig
 from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["NvidiaGpuBackend"]
@@ -21,12 +22,13 @@ class NvidiaGpuBackend(NvidiaBackend):
 
     name = "nvidia-gpu"
     driver = "gpu.nvidia.com"
-    config_types = (GpuConfig,)
+    config_types = (GpuConfig, VfioConfig)
 
     def __init__(self) -> None:
         super().__init__()
         self._minors: dict[str, int] = {}  # device name → N of /dev/nvidiaN, from the last discovery
         self._refs: dict[str, DeviceRef] = {}  # device name → its GPU, from the last discovery
+        self._vfio: Passthrough | None = None
 
     async def discover(self) -> Inventory:
         inventory = await asyncio.to_thread(self._discover)
@@ -34,19 +36,45 @@ class NvidiaGpuBackend(NvidiaBackend):
         return inventory
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
-        """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all."""
+        """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all. A GPU
+        configured with VfioConfig is bound to vfio-pci instead and gets only its VFIO nodes."""
         missing = [a.device for a in devices if a.device not in self._minors]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
-        common = await self.common_edits(devices)
-        return [
-            Prepared(
+        plain = [a for a in devices if not isinstance(a.config, VfioConfig)]
+        common = await self.common_edits(plain) if plain else None
+        prepared = {
+            a.device: Prepared(
                 device=a.device,
                 edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{self._minors[a.device]}"),)),
                 common_edits=common,
             )
-            for a in devices
-        ]
+            for a in plain
+        }
+        passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if isinstance(a.config, VfioConfig)]
+        if passthrough:
+            published = {ref.bus_id for ref in self._refs.values()}
+            for item in await self._passthrough().prepare(claim.uid, passthrough, published):
+                prepared[item.device] = item
+        return [prepared[a.device] for a in devices]
+
+    async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
+        """GPUs passed through go back to their driver; the others need nothing."""
+        await self._passthrough().unprepare(claim.uid, prepared)
+
+    async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
+        """GPUs left on vfio-pci for claims no longer held go back to their driver."""
+        await self._passthrough().reconcile(held)
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._vfio is not None:
+            self._vfio.close()
+
+    def _passthrough(self) -> Passthrough:
+        if self._vfio is None:
+            self._vfio = Passthrough(self.ctx)
+        return self._vfio
 
     def _discover(self) -> Inventory:
         return read_nvml(self.ctx.log, self._inventory)

@@ -1,0 +1,212 @@
+"""vfio-pci passthrough of GPUs and VFs: the IOMMU group bound to vfio-pci with the simulated kernel's real driver
+changes, the container given the VFIO nodes, the original drivers back at unprepare, after a crash and at start;
+refusals for groups with devices not ours and for interfaces carrying the host's traffic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.testing.apiserver import TestApiServer
+from agent.testing.kubelet import KubeletError, KubeletSimulator
+from backends.failpoints import VFIO_POINTS
+from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, settings_for
+
+GPU = "gpu.nvidia.com"
+SRIOV = "sriov.dra-agent.io"
+GPU_BDF, GPU_GROUP = "0000:18:00.0", 3
+VF_BDF, VF_GROUP, VF_NETDEV = "0000:19:00.1", 6, "enp25s0f0v0"
+VFIO = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "VfioConfig"}
+
+
+def passthrough(driver: str, request: str = "dev", parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return [{"source": "FromClaim", "requests": [request],
+             "opaque": {"driver": driver, "parameters": parameters or VFIO}}]
+
+
+def driver_of(sim_root: Path, bus_id: str) -> str | None:
+    link = sim_root / "sys/bus/pci/devices" / bus_id / "driver"
+    return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+
+def override_of(sim_root: Path, bus_id: str) -> str:
+    return (sim_root / "sys/bus/pci/devices" / bus_id / "driver_override").read_text().strip()
+
+
+def cdi_nodes(cdi_dir: Path, uid: str) -> set[str]:
+    spec = yaml.safe_load(next(cdi_dir.glob(f"*{uid}*")).read_text())
+    edits = [d["containerEdits"] for d in spec["devices"]] + [spec.get("containerEdits") or {}]
+    return {n["path"] for e in edits for n in e.get("deviceNodes") or ()}
+
+
+def ledger(state_dir: Path, backend: str) -> dict[str, Any]:
+    """The backend's vfio journal replayed: entry key → entry."""
+    path = state_dir / "backends" / backend / "vfio-ledger.json"
+    entries: dict[str, Any] = {}
+    for line in path.read_text().splitlines() if path.exists() else ():
+        record = json.loads(line)
+        if "put" in record:
+            entries[record["put"][0]] = record["put"][1]
+        else:
+            entries.pop(record["remove"], None)
+    return entries
+
+
+async def test_a_gpu_passed_through_gets_its_vfio_group_and_goes_back_to_nvidia(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        sim = env.settings.sim_root
+        assert sim is not None
+        plugin = await kubelet.wait_for_plugin(GPU)
+        claim = allocate(env.server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
+        result = (await plugin.prepare([claim]))[claim.uid]
+        assert result.error == ""
+        assert driver_of(sim, GPU_BDF) == "vfio-pci"
+        assert (sim / f"dev/vfio/{GPU_GROUP}").exists()
+        nodes = cdi_nodes(env.settings.cdi_dir, claim.uid)
+        assert nodes == {"/dev/vfio/vfio", f"/dev/vfio/{GPU_GROUP}"}, "no /dev/nvidia* for a GPU in passthrough"
+        (entry,) = ledger(env.settings.state_dir, "nvidia-gpu").values()
+        assert entry["bound"] and entry["members"] == {GPU_BDF: "nvidia"} and entry["group"] == GPU_GROUP
+        assert (await plugin.prepare([claim]))[claim.uid] == result, "prepare is idempotent"
+
+        assert (await plugin.unprepare([claim]))[claim.uid] == ""
+        assert driver_of(sim, GPU_BDF) == "nvidia"
+        assert override_of(sim, GPU_BDF) == "(null)"
+        assert not (sim / f"dev/vfio/{GPU_GROUP}").exists()
+        assert ledger(env.settings.state_dir, "nvidia-gpu") == {}
+        assert (await plugin.unprepare([claim]))[claim.uid] == "", "unprepare is idempotent"
+
+        plain = allocate(env.server, "plain", [("dev", GPU, "gpu-0000-18-00-0")])
+        assert (await plugin.prepare([plain]))[plain.uid].error == ""
+        assert "/dev/nvidia0" in cdi_nodes(env.settings.cdi_dir, plain.uid)
+        assert driver_of(sim, GPU_BDF) == "nvidia", "without VfioConfig a GPU keeps its driver"
+
+
+async def test_a_vf_passed_through_goes_back_to_mlx5_core_with_its_netdev(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        sim = env.settings.sim_root
+        assert sim is not None
+        plugin = await kubelet.wait_for_plugin(SRIOV)
+        claim = allocate(env.server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
+        assert (await plugin.prepare([claim]))[claim.uid].error == ""
+        assert driver_of(sim, VF_BDF) == "vfio-pci"
+        assert not (sim / f"sys/class/net/{VF_NETDEV}").exists()
+        assert cdi_nodes(env.settings.cdi_dir, claim.uid) == {"/dev/vfio/vfio", f"/dev/vfio/{VF_GROUP}"}
+        assert (await plugin.unprepare([claim]))[claim.uid] == ""
+        assert driver_of(sim, VF_BDF) == "mlx5_core"
+        assert (sim / f"sys/bus/pci/devices/{VF_BDF}/net/{VF_NETDEV}").is_dir()
+
+
+async def test_a_group_holding_a_device_not_ours_is_refused_and_nothing_changes(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        sim = env.settings.sim_root
+        assert sim is not None
+        # Firmware without ACS puts the adapter's PF (not published: its VFs are) in the GPU's group.
+        pf = "0000:19:00.0"
+        members = sim / f"sys/kernel/iommu_groups/{GPU_GROUP}/devices"
+        (members / pf).symlink_to(os.readlink(sim / "sys/bus/pci/devices" / pf))
+        plugin = await kubelet.wait_for_plugin(GPU)
+        claim = allocate(env.server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
+        error = (await plugin.prepare([claim]))[claim.uid].error
+        assert f"IOMMU group {GPU_GROUP} also holds {pf}, which dra-agent does not own" in error
+        assert driver_of(sim, GPU_BDF) == "nvidia" and driver_of(sim, pf) == "mlx5_core"
+        assert override_of(sim, GPU_BDF) == "(null)"
+        assert ledger(env.settings.state_dir, "nvidia-gpu") == {}
+
+
+async def test_a_vf_whose_interface_carries_the_default_route_is_refused(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        sim = env.settings.sim_root
+        assert sim is not None
+        route = sim / "proc/1/net/route"
+        route.parent.mkdir(parents=True, exist_ok=True)
+        route.write_text("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+                         f"{VF_NETDEV}\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n")
+        plugin = await kubelet.wait_for_plugin(SRIOV)
+        claim = allocate(env.server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
+        error = (await plugin.prepare([claim]))[claim.uid].error
+        assert f"{VF_NETDEV} carries the host's default route" in error
+        assert driver_of(sim, VF_BDF) == "mlx5_core"
+
+
+async def test_an_invalid_vfio_config_fails_the_claim(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        sim = env.settings.sim_root
+        assert sim is not None
+        plugin = await kubelet.wait_for_plugin(GPU)
+        claim = allocate(env.server, "vm", [("dev", GPU, "gpu-0000-18-00-0")],
+                         passthrough(GPU, parameters={**VFIO, "iommufd": True}))
+        error = (await plugin.prepare([claim]))[claim.uid].error
+        assert "VfioConfig.iommufd: Extra inputs are not permitted" in error
+        assert driver_of(sim, GPU_BDF) == "nvidia"
+
+
+@pytest.mark.parametrize("point", [*VFIO_POINTS, "prepare-after-backends"])
+async def test_a_crash_while_passing_a_gpu_through_is_undone_at_restart(scratch: Path, point: str) -> None:
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
+                                backends=("nvidia-gpu",))
+        crashing = AgentProcess(settings, {"DRA_AGENT_FAILPOINTS": point})
+        restarted = AgentProcess(settings)
+        sim = settings.sim_root
+        assert sim is not None
+        try:
+            await crashing.start()
+            async with KubeletSimulator(settings.registry_dir) as kubelet:
+                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                ref = allocate(server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
+                with pytest.raises(KubeletError):
+                    await plugin.prepare([ref])
+                assert await crashing.wait() == -signal.SIGKILL
+                # The intent is recorded before any write; after it the override alone is not written yet.
+                expected = "nvidia" if point == "vfio-after-intent" else "vfio-pci"
+                assert driver_of(sim, GPU_BDF) == expected
+
+                await restarted.start()
+                await kubelet.deregistered(GPU)
+                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                assert driver_of(sim, GPU_BDF) == "nvidia"
+                assert override_of(sim, GPU_BDF) == "(null)"
+                result = await plugin.prepare_or_raise([ref])  # the kubelet retries
+                assert result[ref.uid].devices[0].device == "gpu-0000-18-00-0"
+                assert driver_of(sim, GPU_BDF) == "vfio-pci"
+                assert await plugin.unprepare([ref]) == {ref.uid: ""}
+                assert driver_of(sim, GPU_BDF) == "nvidia"
+        finally:
+            await crashing.stop()
+            await restarted.stop()
+
+
+async def test_at_start_a_vf_no_claim_holds_any_more_goes_back_to_its_driver(scratch: Path) -> None:
+    """The checkpoint is lost while a VF is on vfio-pci: the ledger says the agent bound it, no claim holds it."""
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
+                                backends=("sriov-nic",))
+        first, second = AgentProcess(settings), AgentProcess(settings)
+        sim = settings.sim_root
+        assert sim is not None
+        try:
+            await first.start()
+            async with KubeletSimulator(settings.registry_dir) as kubelet:
+                plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
+                ref = allocate(server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
+                await plugin.prepare_or_raise([ref])
+                await first.stop()  # killed
+                assert driver_of(sim, VF_BDF) == "vfio-pci"
+                (settings.state_dir / SRIOV / "checkpoint.journal").unlink()
+                await second.start()
+                await kubelet.deregistered(SRIOV)
+                await kubelet.wait_for_plugin(SRIOV, timeout=30)
+                assert driver_of(sim, VF_BDF) == "mlx5_core"
+                assert "returning a device bound to vfio-pci" in second.output()
+                assert ledger(settings.state_dir, "sriov-nic") == {}
+        finally:
+            await first.stop()
+            await second.stop()
