@@ -16,10 +16,14 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from pydantic import ConfigDict, Field
+
 from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
+from backends.config import BackendConfig
 from backends.contract import (
     Allocated,
     AttributeValue,
+    BackendContext,
     ClaimRef,
     Device,
     DevicesChanged,
@@ -29,6 +33,8 @@ from backends.contract import (
     Prepared,
     PrepareError,
 )
+from backends.host_net import read_host_network
+from backends.sriov_numvfs import VfCountError, VfCountRule, apply_vf_count, physical_functions, wanted_counts
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex, read_int, read_link_name
 from backends.topology import device_name
 from backends.vfio import Passthrough, VfioConfig
@@ -37,10 +43,19 @@ from cdi.spec import ContainerEdits, DeviceNode
 if TYPE_CHECKING:
     import pyudev
 
-__all__ = ["SriovNicBackend"]
+__all__ = ["SriovBackendConfig", "SriovNicBackend"]
 
 _NETWORK_CLASS = 0x02
 _HOTPLUG = ("add", "remove", "bind", "unbind")
+
+
+class SriovBackendConfig(BackendConfig):
+    """`backend_config.sriov-nic`: `numVfs`, the VF count of PFs by interface name, PCI address or vendor:device
+    (see `sriov_numvfs`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    num_vfs: tuple[VfCountRule, ...] = Field(default=(), alias="numVfs", max_length=256)
 
 
 class SriovNicBackend(BuiltinBackend):
@@ -49,6 +64,7 @@ class SriovNicBackend(BuiltinBackend):
     name = "sriov-nic"
     driver = "sriov.dra-agent.io"
     config_types = (VfioConfig,)
+    config_model = SriovBackendConfig
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,10 +73,55 @@ class SriovNicBackend(BuiltinBackend):
         self._netdevs: set[str] = set()  # the PFs' interface names when their links were last read
         self._events: DeviceEventQueue | None = None
         self._vfio: Passthrough | None = None
+        self._count_problems: list[str] = []  # VF counts not applied, reported with the next discovery
+        self._deferred: dict[str, int] = {}  # PF → VF count to apply once the claims holding VFs are known
+        self._recount = False  # VF counts changed after start: the device set must be read again
+
+    async def start(self, ctx: BackendContext) -> None:
+        await super().start(ctx)
+        if ctx.state_dir is None:
+            return  # a one-off command (discover): the hardware is shown as it is
+        # PFs without VFs get theirs now, before the first discovery: no VF of theirs can be in use. Changing a
+        # PF that has VFs waits for `reconcile`, which knows which VFs claims hold.
+        await asyncio.to_thread(self._apply_counts, set(), True)
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         # VFs left on vfio-pci for claims no longer held go back first: they are free again.
         await self._passthrough().reconcile(held)
+        if not self._deferred:
+            return
+        in_use = {self._vfs[d] for devices in held.values() for d in devices if d in self._vfs}
+        if await asyncio.to_thread(self._apply_counts, in_use, False):
+            self._recount = True
+            if self._events is not None:
+                self._events.wake()
+
+    def _apply_counts(self, in_use: set[str], empty_only: bool) -> bool:
+        """Apply the configured VF counts (only to PFs without VFs with `empty_only`); whether any changed."""
+        config = self._config
+        assert isinstance(config, SriovBackendConfig)
+        if not config.num_vfs:
+            return False
+        pfs = {pf.bus_id: pf for pf in physical_functions(self.ctx.sysfs_root)}
+        wanted = wanted_counts(config.num_vfs, list(pfs.values())) if empty_only else self._deferred
+        host = read_host_network(self.ctx.host_root)
+        changed = False
+        for bus_id, count in sorted(wanted.items()):
+            pf = pfs.get(bus_id)
+            if pf is None:
+                continue
+            if empty_only and pf.current and count != pf.current:
+                self._deferred[bus_id] = count
+                continue
+            self._deferred.pop(bus_id, None)
+            try:
+                if apply_vf_count(self.ctx.sysfs_root, pf, count, host, in_use):
+                    changed = True
+                    self.ctx.log.info("VF count set", pf=bus_id, vfs=count, before=pf.current)
+            except VfCountError as e:
+                self.ctx.log.warning("VF count not applied", pf=bus_id, error=str(e))
+                self._count_problems.append(str(e))
+        return changed
 
     async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
         ledger = HealthLedger()
@@ -71,8 +132,10 @@ class SriovNicBackend(BuiltinBackend):
             try:
                 async for devices in events:
                     hotplug = [d for d in devices if d.subsystem == "pci" and self._concerns_us(d)]
-                    if hotplug:
-                        yield DevicesChanged(reason=pci_events_summary(hotplug))
+                    if hotplug or self._recount:
+                        self._recount = False
+                        yield DevicesChanged(reason=pci_events_summary(hotplug) if hotplug
+                                             else "VF counts changed as configured")
                     if not devices or any(self._is_pf_netdev_event(d) for d in devices):
                         for event in await asyncio.to_thread(self._link_health, ledger):
                             yield event
@@ -197,6 +260,8 @@ class SriovNicBackend(BuiltinBackend):
             pfs[bus_id] = tuple(vf.name for vf in vfs)
         self._vfs = {d.name: d.topology.bus_id for d in devices if d.topology is not None}
         self._pfs = pfs
+        warnings.extend(self._count_problems)
+        self._count_problems = []
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 
     def _virtual_functions(self, pf_bus_id: str, pf: str, warnings: list[str]) -> list[Device]:
