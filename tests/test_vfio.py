@@ -4,18 +4,25 @@ refusals for groups with devices not ours and for interfaces carrying the host's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import yaml
 
 from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletError, KubeletSimulator
+from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
+from backends.contract import BackendContext, PrepareError
 from backends.failpoints import VFIO_POINTS
+from backends.journal import Journal
+from backends.topology import TopologyReader
+from backends.vfio import Passthrough
 from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, settings_for
 
 GPU = "gpu.nvidia.com"
@@ -43,6 +50,16 @@ def cdi_nodes(cdi_dir: Path, uid: str) -> set[str]:
     spec = yaml.safe_load(next(cdi_dir.glob(f"*{uid}*")).read_text())
     edits = [d["containerEdits"] for d in spec["devices"]] + [spec.get("containerEdits") or {}]
     return {n["path"] for e in edits for n in e.get("deviceNodes") or ()}
+
+
+async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plugin:
+    """The restarted agent's registration (its socket re-created; a fast restart may replace the old one between
+    two scans of the registry, so "deregistered" alone could be missed)."""
+    async with asyncio.timeout(30):
+        # The simulator polls the registry: there is no event to wait on but its next scan.
+        while (plugin := await kubelet.wait_for_plugin(before.driver, timeout=30)) is before:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    return plugin
 
 
 def ledger(state_dir: Path, backend: str) -> dict[str, Any]:
@@ -169,8 +186,7 @@ async def test_a_crash_while_passing_a_gpu_through_is_undone_at_restart(scratch:
                 assert driver_of(sim, GPU_BDF) == expected
 
                 await restarted.start()
-                await kubelet.deregistered(GPU)
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                plugin = await plugin_after_restart(kubelet, plugin)
                 assert driver_of(sim, GPU_BDF) == "nvidia"
                 assert override_of(sim, GPU_BDF) == "(null)"
                 result = await plugin.prepare_or_raise([ref])  # the kubelet retries
@@ -202,11 +218,63 @@ async def test_at_start_a_vf_no_claim_holds_any_more_goes_back_to_its_driver(scr
                 assert driver_of(sim, VF_BDF) == "vfio-pci"
                 (settings.state_dir / SRIOV / "checkpoint.journal").unlink()
                 await second.start()
-                await kubelet.deregistered(SRIOV)
-                await kubelet.wait_for_plugin(SRIOV, timeout=30)
+                await plugin_after_restart(kubelet, plugin)
                 assert driver_of(sim, VF_BDF) == "mlx5_core"
                 assert "returning a device bound to vfio-pci" in second.output()
                 assert ledger(settings.state_dir, "sriov-nic") == {}
         finally:
             await first.stop()
             await second.stop()
+
+
+def _bare_function(sysfs: Path, bus_id: str, group: int, driver: str) -> Path:
+    """A PCI function in a hand-built sysfs tree, with no kernel behind its control files."""
+    folder = sysfs / "devices/pci0000:00" / bus_id
+    folder.mkdir(parents=True)
+    (folder / "class").write_text("0x030200\n")
+    (sysfs / "bus/pci/drivers" / driver).mkdir(parents=True, exist_ok=True)
+    (folder / "driver").symlink_to(sysfs / "bus/pci/drivers" / driver)
+    members = sysfs / "kernel/iommu_groups" / str(group) / "devices"
+    members.mkdir(parents=True)
+    (folder / "iommu_group").symlink_to(members.parent)
+    (members / bus_id).symlink_to(folder)
+    (sysfs / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    (sysfs / "bus/pci/devices" / bus_id).symlink_to(folder)
+    return folder
+
+
+async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(scratch: Path) -> None:
+    # A FIFO blocks its writer as an unbind blocks in a driver that waits for the device's users to go.
+    sysfs = scratch / "sys"
+    folder = _bare_function(sysfs, "0000:01:00.0", 5, "nvidia")
+    os.mkfifo(folder / "driver_override")
+    ctx = BackendContext(sysfs, scratch / "dev", scratch, TopologyReader(sysfs), {}, structlog.get_logger("vfio"),
+                         state_dir=scratch / "state")
+    vfio = Passthrough(ctx, claim_seconds=0.3)
+    started = time.monotonic()
+    try:
+        with pytest.raises(PrepareError, match=r"driver_override did not return within 0\.3 s"):
+            await vfio.prepare("uid", [("gpu-0000-01-00-0", "0000:01:00.0")], {"0000:01:00.0"})
+        assert time.monotonic() - started < 3, "the claim fails at its deadline, not when the kernel returns"
+        assert os.path.basename(os.readlink(folder / "driver")) == "nvidia"
+    finally:
+        vfio.close()
+        for _ in range(4):  # let the abandoned writers finish
+            os.close(os.open(folder / "driver_override", os.O_RDONLY | os.O_NONBLOCK))
+
+
+def test_the_journal_survives_a_torn_last_line_and_compacts(tmp_path: Path) -> None:
+    path = tmp_path / "vfio-ledger.json"
+    journal = Journal(path)
+    journal.load()
+    journal.put("a/gpu", {"members": {GPU_BDF: "nvidia"}})
+    journal.put("b/vf", {"members": {VF_BDF: "mlx5_core"}})
+    journal.remove("b/vf")
+    journal.close()
+    with path.open("ab") as f:
+        f.write(b'{"put":["c/vf",{"memb')  # a crash in the middle of an append
+    again = Journal(path)
+    again.load()
+    assert list(again) == [("a/gpu", {"members": {GPU_BDF: "nvidia"}})] and again.problems == []
+    assert path.read_text().count("\n") == 1, "loading rewrites the journal with the live entries only"
+    again.close()
