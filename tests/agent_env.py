@@ -24,6 +24,7 @@ from agent.host import open_host
 from agent.kube import KubeClient
 from agent.settings import Settings
 from agent.testing.apiserver import TestApiServer
+from agent.testing.kubelet import KubeletSimulator, Plugin
 from backends.contract import ClaimRef
 
 NODE = "node-a"
@@ -157,3 +158,13 @@ async def wait_until(predicate: Any, timeout: float = 10, interval: float = 0.02
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 - nothing to wait on: the condition is outside this process
             await asyncio.sleep(interval)
+
+
+async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plugin:
+    """The restarted agent's registration (its socket re-created; a fast restart may replace the old one between
+    two scans of the registry, so "deregistered" alone could be missed)."""
+    async with asyncio.timeout(30):
+        # The simulator polls the registry: there is no event to wait on but its next scan.
+        while (plugin := await kubelet.wait_for_plugin(before.driver, timeout=30)) is before:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    return plugin

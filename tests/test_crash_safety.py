@@ -15,7 +15,7 @@ from agent.checkpoint import Checkpoint
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator
 from backends.failpoints import POINTS
-from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
+from tests.agent_env import NODE, AgentProcess, allocate, plugin_after_restart, settings_for, wait_until
 
 GPU = "gpu.nvidia.com"
 
@@ -88,8 +88,7 @@ async def test_crash_and_restart(server: TestApiServer, scratch: Path, point: st
             assert spec.exists() == spec_exists
 
             await restarted.start()
-            await kubelet.deregistered(GPU)  # the dead instance's socket was replaced
-            plugin = await kubelet.wait_for_plugin(GPU, timeout=20)
+            plugin = await plugin_after_restart(kubelet, plugin)  # the dead instance's socket was replaced
             # Recovery: a cut-short prepare is rolled back, a completed one keeps (or gets back) its spec.
             recovered = "completed" if state == "completed" else None
             assert claim_state(settings.state_dir, ref.uid) == recovered

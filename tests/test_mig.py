@@ -31,7 +31,7 @@ from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.simulation.node import SimulatedNode, mig_minor
 from backends.topology import TopologyReader
-from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, settings_for
+from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, plugin_after_restart, settings_for
 from tests.slice_checks import assert_valid_slices
 
 GPU = "gpu.nvidia.com"
@@ -224,8 +224,7 @@ async def test_a_crash_while_making_a_mig_device_is_undone_at_restart(scratch: P
                 assert made_on_node(settings.sim_root, "0000:18:00.0") == CRASHES[point]
 
                 await restarted.start()
-                await kubelet.deregistered(GPU)
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                plugin = await plugin_after_restart(kubelet, plugin)
                 # Recovery rolled the claim back, and with it the MIG device the crash left.
                 assert made_on_node(settings.sim_root, "0000:18:00.0") == []
                 result = await plugin.prepare_or_raise([ref])  # the kubelet retries
@@ -291,8 +290,7 @@ async def test_at_start_mig_devices_no_claim_holds_any_more_are_destroyed(scratc
                 assert made_on_node(settings.sim_root, "0000:18:00.0") == [("2g.20gb", 2, 1)]
                 (settings.state_dir / GPU / "checkpoint.journal").unlink()
                 await second.start()
-                await kubelet.deregistered(GPU)
-                await kubelet.wait_for_plugin(GPU, timeout=30)
+                await plugin_after_restart(kubelet, plugin)
                 assert made_on_node(settings.sim_root, "0000:18:00.0") == []
                 assert "destroying a MIG device made for a claim no longer prepared" in second.output()
         finally:

@@ -4,7 +4,6 @@ refusals for groups with devices not ours and for interfaces carrying the host's
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -17,13 +16,13 @@ import structlog
 import yaml
 
 from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
+from agent.testing.kubelet import KubeletError, KubeletSimulator
 from backends.contract import BackendContext, PrepareError
 from backends.failpoints import VFIO_POINTS
 from backends.journal import Journal
 from backends.topology import TopologyReader
 from backends.vfio import Passthrough
-from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, settings_for
+from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, plugin_after_restart, settings_for
 
 GPU = "gpu.nvidia.com"
 SRIOV = "sriov.dra-agent.io"
@@ -50,16 +49,6 @@ def cdi_nodes(cdi_dir: Path, uid: str) -> set[str]:
     spec = yaml.safe_load(next(cdi_dir.glob(f"*{uid}*")).read_text())
     edits = [d["containerEdits"] for d in spec["devices"]] + [spec.get("containerEdits") or {}]
     return {n["path"] for e in edits for n in e.get("deviceNodes") or ()}
-
-
-async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plugin:
-    """The restarted agent's registration (its socket re-created; a fast restart may replace the old one between
-    two scans of the registry, so "deregistered" alone could be missed)."""
-    async with asyncio.timeout(30):
-        # The simulator polls the registry: there is no event to wait on but its next scan.
-        while (plugin := await kubelet.wait_for_plugin(before.driver, timeout=30)) is before:  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-    return plugin
 
 
 def ledger(state_dir: Path, backend: str) -> dict[str, Any]:
