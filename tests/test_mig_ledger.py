@@ -1,4 +1,4 @@
-"""The MIG ledger's journal: durable records that survive a restart, a torn last line, and compaction."""
+"""The MIG ledger on its journal: durable records that survive a restart, a torn last line, and compaction."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_a_line_torn_by_a_crash_is_ignored_and_the_next_record_lands(tmp_path: P
 def test_damage_before_the_last_line_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "ledger.json"
     entry = {"claim": "u", "device": "d", "bus_id": "0000:18:00.0", "profile_id": 19, "start": 0}
-    path.write_text("not json\n" + json.dumps({"put": entry}) + "\n")
+    path.write_text("not json\n" + json.dumps({"put": ["u/d", entry]}) + "\n")
     ledger = reopened(path)
     assert [e.claim for e in ledger] == ["u"]
     assert ledger.problems and "line 1 ignored" in ledger.problems[0]
