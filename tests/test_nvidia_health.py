@@ -307,14 +307,15 @@ def _watcher_threads() -> list[threading.Thread]:
 
 async def test_one_thread_for_both_backends_and_it_stops_promptly(sim_node: Callable[[str], SimulatedNode]) -> None:
     node = sim_node("mixed")
-    assert not _watcher_threads()
+    await until(lambda: not _watcher_threads())  # an earlier test's watcher may still be finishing its last wait
     async with watching(node, NvidiaGpuBackend, NvidiaMigBackend) as w:
         assert len(_watcher_threads()) == 1
         assert w.registry.get_sample_value("dra_agent_nvidia_xids_total", {"code": "79"}) is None
         started = time.monotonic()
         for backend in w.backends:
             await backend.stop()
-        assert time.monotonic() - started < watcher_module.WAIT_MS / 1000 + 0.5
+        # Within one NVML wait, with room for a loaded machine.
+        assert time.monotonic() - started < watcher_module.WAIT_MS / 1000 + 1.5
         assert not _watcher_threads()
         assert watcher_module._shared is None
         assert node.nvml.registrations(0) == 0  # the event set is freed
