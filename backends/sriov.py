@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict, Field
 
-from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
+from backends.base import DeviceEventQueue, HealthLedger, pci_events_summary
 from backends.config import BackendConfig
 from backends.contract import (
     Allocated,
@@ -37,7 +37,7 @@ from backends.host_net import read_host_network
 from backends.sriov_numvfs import VfCountError, VfCountRule, apply_vf_count, physical_functions, wanted_counts
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex, read_int, read_link_name
 from backends.topology import device_name
-from backends.vfio import Passthrough, VfioConfig
+from backends.vfio import PassthroughBackend, VfioConfig
 from cdi.spec import ContainerEdits, DeviceNode
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class SriovBackendConfig(BackendConfig):
     num_vfs: tuple[VfCountRule, ...] = Field(default=(), alias="numVfs", max_length=256)
 
 
-class SriovNicBackend(BuiltinBackend):
+class SriovNicBackend(PassthroughBackend):
     """SR-IOV virtual functions of network adapters."""
 
     name = "sriov-nic"
@@ -72,7 +72,6 @@ class SriovNicBackend(BuiltinBackend):
         self._pfs: dict[str, tuple[str, ...]] = {}  # PF bus id → its VFs' device names, from the last discovery
         self._netdevs: set[str] = set()  # the PFs' interface names when their links were last read
         self._events: DeviceEventQueue | None = None
-        self._vfio: Passthrough | None = None
         self._count_problems: list[str] = []  # VF counts not applied, reported with the next discovery
         self._deferred: dict[str, int] = {}  # PF → VF count to apply once the claims holding VFs are known
         self._recount = False  # VF counts changed after start: the device set must be read again
@@ -87,7 +86,7 @@ class SriovNicBackend(BuiltinBackend):
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         # VFs left on vfio-pci for claims no longer held go back first: they are free again.
-        await self._passthrough().reconcile(held)
+        await self.passthrough().reconcile(held)
         if not self._deferred:
             return
         in_use = {self._vfs[d] for devices in held.values() for d in devices if d in self._vfs}
@@ -197,23 +196,13 @@ class SriovNicBackend(BuiltinBackend):
         prepared = {p.device: p for p in await asyncio.to_thread(self._prepare, plain)} if plain else {}
         passthrough = [(a.device, self._vfs[a.device]) for a in devices if isinstance(a.config, VfioConfig)]
         if passthrough:
-            for item in await self._passthrough().prepare(claim.uid, passthrough, set(self._vfs.values())):
+            for item in await self.passthrough().prepare(claim.uid, passthrough, set(self._vfs.values())):
                 prepared[item.device] = item
         return [prepared[a.device] for a in devices]
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         """VFs passed through go back to their driver; the others need nothing."""
-        await self._passthrough().unprepare(claim.uid, prepared)
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._vfio is not None:
-            self._vfio.close()
-
-    def _passthrough(self) -> Passthrough:
-        if self._vfio is None:
-            self._vfio = Passthrough(self.ctx)
-        return self._vfio
+        await self.passthrough().unprepare(claim.uid, prepared)
 
     def _prepare(self, devices: Sequence[Allocated]) -> list[Prepared]:
         prepared: list[Prepared] = []

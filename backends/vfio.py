@@ -20,6 +20,7 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
+from backends.base import BuiltinBackend
 from backends.config import CONFIG_API_VERSION, OpaqueConfig
 from backends.contract import BackendContext, Prepared, PrepareError
 from backends.failpoints import failpoint
@@ -29,7 +30,7 @@ from backends.sysfs import SysfsError, list_dir, read_hex, read_int, read_link_n
 from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
 from cdi.spec import ContainerEdits, DeviceNode
 
-__all__ = ["CLAIM_SECONDS", "Passthrough", "VfioConfig"]
+__all__ = ["CLAIM_SECONDS", "Passthrough", "PassthroughBackend", "VfioConfig"]
 
 CLAIM_SECONDS = 15.0
 """How long the driver changes of one claim may take before the claim fails."""
@@ -220,3 +221,20 @@ class Passthrough:
                     self._rebinder.back_to(member, original, deadline)
             if self._journal is not None:
                 self._journal.remove(f"{claim}/{device}")
+
+
+class PassthroughBackend(BuiltinBackend):
+    """Base of the backends whose devices can be passed through: their `Passthrough`, made on first use (its
+    journal is read then), and closed when the backend stops."""
+
+    _vfio: Passthrough | None = None
+
+    def passthrough(self) -> Passthrough:
+        if self._vfio is None:
+            self._vfio = Passthrough(self.ctx)
+        return self._vfio
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._vfio is not None:
+            self._vfio.close()

@@ -70,7 +70,10 @@ async def test_the_monitor_tells_changes_of_state_only() -> None:
     ours.setblocking(False)
     monitor = LinkMonitor(ours)
     heard: list[str] = []
-    monitor.subscribe(lambda name: (_ for _ in ()).throw(RuntimeError("a broken subscriber")))
+    def broken(name: str) -> None:
+        raise RuntimeError(f"a broken subscriber, told of {name}")
+
+    monitor.subscribe(broken)
     unsubscribe = monitor.subscribe(heard.append)
     monitor.start()
     try:

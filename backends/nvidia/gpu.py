@@ -11,13 +11,13 @@ from backends.nvidia.config import GpuConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
 from backends.topology import device_name
-from backends.vfio import Passthrough, VfioConfig
+from backends.vfio import PassthroughBackend, VfioConfig
 from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["NvidiaGpuBackend"]
 
 
-class NvidiaGpuBackend(NvidiaBackend):
+class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
     """Full NVIDIA GPUs found through NVML."""
 
     name = "nvidia-gpu"
@@ -28,7 +28,6 @@ class NvidiaGpuBackend(NvidiaBackend):
         super().__init__()
         self._minors: dict[str, int] = {}  # device name → N of /dev/nvidiaN, from the last discovery
         self._refs: dict[str, DeviceRef] = {}  # device name → its GPU, from the last discovery
-        self._vfio: Passthrough | None = None
 
     async def discover(self) -> Inventory:
         inventory = await asyncio.to_thread(self._discover)
@@ -54,27 +53,17 @@ class NvidiaGpuBackend(NvidiaBackend):
         passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if isinstance(a.config, VfioConfig)]
         if passthrough:
             published = {ref.bus_id for ref in self._refs.values()}
-            for item in await self._passthrough().prepare(claim.uid, passthrough, published):
+            for item in await self.passthrough().prepare(claim.uid, passthrough, published):
                 prepared[item.device] = item
         return [prepared[a.device] for a in devices]
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         """GPUs passed through go back to their driver; the others need nothing."""
-        await self._passthrough().unprepare(claim.uid, prepared)
+        await self.passthrough().unprepare(claim.uid, prepared)
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         """GPUs left on vfio-pci for claims no longer held go back to their driver."""
-        await self._passthrough().reconcile(held)
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._vfio is not None:
-            self._vfio.close()
-
-    def _passthrough(self) -> Passthrough:
-        if self._vfio is None:
-            self._vfio = Passthrough(self.ctx)
-        return self._vfio
+        await self.passthrough().reconcile(held)
 
     def _discover(self) -> Inventory:
         return read_nvml(self.ctx.log, self._inventory)
