@@ -215,7 +215,7 @@ class Publisher:
         # for the pool to be complete, so the order within a group does not matter.
         for group, write in ((plan.updates, lambda b: self._kube.replace_slice(b["metadata"]["name"], b)),
                              (plan.creates, self._kube.create_slice)):
-            results = await asyncio.gather(*(_explained(write(b), b) for b in group), return_exceptions=True)
+            results = await asyncio.gather(*(_explained(write, b) for b in group), return_exceptions=True)
             for body, result in zip(group, results, strict=True):
                 if not isinstance(result, BaseException):
                     self._stored(pool, body, result)
@@ -300,10 +300,13 @@ class _Expired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
-async def _explained(write: Awaitable[dict[str, Any]], body: Mapping[str, Any]) -> dict[str, Any]:
+async def _explained(write: Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]],
+                     body: Mapping[str, Any]) -> dict[str, Any]:
     """A write whose validation error (422) names the slice and the devices the server's message points at."""
+    # The write's coroutine is made here, not by the caller: a task cancelled before its first step (the agent
+    # stopping mid-publish) would leave a caller-made coroutine never awaited.
     try:
-        return await write
+        return await write(body)
     except KubeError as e:
         if e.status != 422:
             raise

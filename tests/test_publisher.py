@@ -4,7 +4,9 @@ faults, and fields the cluster drops."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,3 +361,26 @@ async def test_dgx_h100_with_64_vfs_per_pf(scratch: Path) -> None:
         assert {(s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in members} == {
             (0, len(members))}
     assert sum(len(s["spec"]["devices"]) for s in by_driver["sriov.dra-agent.io"]) == 512
+
+
+
+async def test_stopping_mid_publish_leaves_no_write_unawaited(make_env: Callable[..., Any]) -> None:
+    """The agent may stop while slice writes are starting; every write it began is awaited or never made."""
+    env = await make_env()
+    publisher = Publisher(env.publisher._kube, NODE, get_logger("publisher"))
+    stopping: list[asyncio.Task[None]] = []
+
+    async def owner_then_stop() -> list[dict[str, Any]]:
+        # The stop runs after the sync has started its create tasks and before their first step.
+        stopping.append(asyncio.ensure_future(publisher.stop()))
+        return []
+
+    publisher._owner = owner_then_stop  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        publisher.publish(GPU, Inventory(GPU, devices(300)).build)
+        await wait_until(lambda: bool(stopping), 10)
+        await stopping[0]
+        gc.collect()
+    assert not [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert env.slices() == [], "stopped before any write"
