@@ -91,6 +91,8 @@ def _shortfall(choice: Choice, funnel: Funnel, standing: _Standing, usage: Usage
     label, n = f"request {choice.request}", len(choice.candidates)
     if choice.mode == "All" and n > MAX_RESULTS:
         return [f"{label}: asks for all {n} matching devices; a claim can be given at most {MAX_RESULTS}"]
+    if choice.count > MAX_RESULTS:
+        return [f"{label}: asks for {choice.count} devices; a claim can be given at most {MAX_RESULTS}"]
     enough = len(standing.available) == n > 0 if choice.mode == "All" else len(standing.available) >= choice.count
     if enough:
         return []

@@ -187,7 +187,8 @@ def _add_pool(inventory: Inventory, driver: str, pool: str, members: Sequence[Js
         for set_key, amounts in candidate.drawn.items():
             missing = [n for n in amounts if n not in counters.get(set_key, {})]
             if set_key not in counters or missing:
-                what = f"counter {missing[0]} of set {set_key[2]}" if missing else f"counter set {set_key[2]}"
+                what = f"counter {missing[0]} of set" if set_key in counters else "counter set"
+                what += f" {set_key[2]}"
                 return f"device {candidate.name} consumes {what}, which the pool does not have"
     inventory.counters.update(counters)
     inventory.by_key.update(found)
