@@ -7,8 +7,10 @@
 2. the same NVML work done directly in this process on an identical simulated node: list the profiles once,
    then create GPU instance + compute instance, and destroy them, `--cycles` times.
 
-The agent's overhead beyond NVML is (1) - (2) at the median. The agent runs as its own process with its
-checkpoint and MIG ledger on disk (fdatasync), as in bench/prepare.py.
+The agent's overhead beyond NVML, call by call: the latency at the kubelet minus the time the agent spent in
+the NVML calls of that call (create GPU instance, create compute instance, destroy, and the lookups), timed inside
+the agent (bench/agent_timing.py). (2) shows what the same NVML work costs alone, in a quiet process. The agent
+runs as its own process with its checkpoint and MIG ledger on disk (fdatasync), as in bench/prepare.py.
 
     python bench/mig.py [--cycles 300]
 """
@@ -19,7 +21,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -35,9 +36,13 @@ from backends.nvidia.nvml import nvml_session
 from backends.nvidia.nvml_mig import create_compute_instance, create_gpu_instance, destroy_mig
 from backends.simulation.node import simulated_node
 from backends.simulation.profile import load_profile
+from bench.agent_timing import environment, spans_within
+from bench.machine import conditions
 from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for
 
 GPU = "gpu.nvidia.com"
+NVML_CALLS = ("create_gpu_instance", "create_compute_instance", "destroy_mig", "find_gpu_instance",
+              "existing_compute_instance", "mig_instance_exists")
 BUS_IDS = ("0000:18:00.0", "0000:1c:00.0", "0000:3a:00.0", "0000:3e:00.0", "0000:9a:00.0", "0000:9e:00.0",
            "0000:bb:00.0", "0000:bf:00.0")
 
@@ -58,8 +63,9 @@ def mig_profile(folder: Path) -> Path:
 
 def ms(values: list[float]) -> str:
     ordered = sorted(values)
+    p50 = ordered[round(0.5 * (len(ordered) - 1))]
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return f"p50 {statistics.median(ordered) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms"
+    return f"p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms"
 
 
 def nvml_only(profile: Path, cycles: int) -> tuple[list[float], list[float]]:
@@ -78,13 +84,18 @@ def nvml_only(profile: Path, cycles: int) -> tuple[list[float], list[float]]:
     return make, unmake
 
 
-async def through_the_agent(profile: Path, cycles: int, memory: Path, disk: Path) -> tuple[list[float], list[float]]:
-    prepare, unprepare = [], []
+async def through_the_agent(profile: Path, cycles: int, memory: Path, disk: Path
+                            ) -> list[tuple[float, float, float]]:
+    """(began, prepared, unprepared) of each cycle; the agent's NVML calls are timed into memory/nvml-times."""
+    spans = []
+    timing = environment(memory, memory / "nvml-times",
+                         [("nvml", f"backends.nvidia.mig_dynamic:{name}") for name in NVML_CALLS])
     async with TestApiServer() as server:
         server.add_node(NODE)
         settings = settings_for(memory, server.write_kubeconfig(memory / "kubeconfig"), str(profile),
                                 backends=("nvidia-mig",)).model_copy(update={"state_dir": disk / "state"})
-        agent = AgentProcess(settings, {"DRA_AGENT_BACKEND_CONFIG": json.dumps({"nvidia-mig": {"mode": "dynamic"}})})
+        agent = AgentProcess(settings, {**timing,
+                                        "DRA_AGENT_BACKEND_CONFIG": json.dumps({"nvidia-mig": {"mode": "dynamic"}})})
         await agent.start()
         try:
             async with KubeletSimulator(settings.registry_dir) as kubelet:
@@ -97,31 +108,35 @@ async def through_the_agent(profile: Path, cycles: int, memory: Path, disk: Path
                     await plugin.prepare_or_raise([ref])
                     prepared = time.perf_counter()
                     errors = await plugin.unprepare([ref])
-                    prepare.append(prepared - began)
-                    unprepare.append(time.perf_counter() - prepared)
+                    spans.append((began, prepared, time.perf_counter()))
                     assert errors == {ref.uid: ""}, errors
         finally:
             await agent.stop()
-    return prepare, unprepare
+    return spans
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=300)
     args = parser.parse_args()
+    print(conditions())
     disk = Path(tempfile.mkdtemp(prefix="dra-bench-mig-"))
     try:
         with memory_dir("drabm") as memory:
             profile = mig_profile(memory)
             make, unmake = nvml_only(profile, args.cycles)
-            prepare, unprepare = await through_the_agent(profile, args.cycles, memory, disk)
+            spans = await through_the_agent(profile, args.cycles, memory, disk)
+            within = spans_within(memory / "nvml-times")
     finally:
         shutil.rmtree(disk, ignore_errors=True)
-    print(f"NVML only, {args.cycles} cycles: make {ms(make)}; unmake {ms(unmake)}")
-    print(f"through the agent: prepare {ms(prepare)}; unprepare {ms(unprepare)}")
-    print(f"agent overhead beyond NVML at the median: prepare "
-          f"{(statistics.median(prepare) - statistics.median(make)) * 1000:.2f} ms, unprepare "
-          f"{(statistics.median(unprepare) - statistics.median(unmake)) * 1000:.2f} ms")
+    print(f"NVML only, in a quiet process, {args.cycles} cycles: make {ms(make)}; unmake {ms(unmake)}")
+    for phase, start, end in (("prepare", 0, 1), ("unprepare", 1, 2)):
+        total = [span[end] - span[start] for span in spans]
+        nvml = [sum(within("nvml", span[start], span[end])) for span in spans]
+        overhead = [t - n for t, n in zip(total, nvml, strict=True)]
+        print(f"through the agent, {phase}: total {ms(total)}; in NVML calls {ms(nvml)}; "
+              f"agent overhead beyond NVML {ms(overhead)}")
+    print(conditions())
 
 
 if __name__ == "__main__":
