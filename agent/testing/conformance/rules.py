@@ -53,9 +53,9 @@ def inventory_problems(inventory: object, driver: str, node: str) -> list[str]:
                             "(derive them from something unique such as the PCI address)")
         seen.add(device.name)
     published = pool_slices(driver, node, inventory.devices, inventory.counter_sets)
-    for reason in published.rejected:
-        problems.append(f"the API server would reject device {reason}. Fix the Device discover() builds: "
-                        f"{_NAME_RULES}")
+    problems += [f"the API server would reject device {reason}" for reason in published.rejected]
+    if published.rejected:
+        problems.append(f"fix the Devices discover() builds: {_NAME_RULES}")
     for index, body in enumerate(published.slices):
         named = {**body, "metadata": {**body["metadata"], "name": f"{body['metadata']['generateName']}kit"}}
         for error in validate_resource_slice(named):
