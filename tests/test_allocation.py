@@ -3,10 +3,13 @@ status it writes, and the words it explains itself with; on the slices the agent
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.testing.allocation import Allocation, Unallocatable, allocate
 from agent.testing.cel import CelError
@@ -414,3 +417,127 @@ def test_a_claim_gets_at_most_32_devices() -> None:
         run(claim("c", exactly("gpus", "gpu", count=33)), slices)
     assert refused(claim("c", exactly("gpus", "gpu", count=33)), slices) == [
         "request gpus: asks for 33 devices; a claim can be given at most 32"]
+
+
+# --- every allocation found is valid, and one is found whenever one exists -------------------------------------
+
+ROOTS = ("r1", "r2")
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]], int]:
+    """A node of up to 7 devices (kind, root, size, maybe a taint, maybe drawing units from one counter set),
+    devices other claims hold, and a claim of 1 to 3 requests with selectors, modes and constraints."""
+    units = draw(st.integers(0, 6))
+    devices = []
+    for index in range(draw(st.integers(1, 7))):
+        attrs = {"kind": draw(st.sampled_from(["gpu", "nic"])), ROOT_ATTR: draw(st.sampled_from(ROOTS)),
+                 "size": draw(st.integers(1, 3))}  # fmt: skip
+        taints = [{"key": "x.example.com/bad", "effect": "NoSchedule"}] if draw(st.booleans()) else None
+        draws = draw(st.integers(0, 3))
+        devices.append(device(f"d{index}", attrs, taints=taints,
+                              consumes={"set": {"units": str(draws)}} if draws else None))  # fmt: skip
+    held = draw(st.lists(st.sampled_from([d["name"] for d in devices]), unique=True, max_size=3))
+    allocated = [{"devices": {"results": [{"request": "r", "driver": "x.example.com", "pool": "node-a", "device": name}
+                                          for name in held]}}]  # fmt: skip
+    requests = []
+    for index in range(draw(st.integers(1, 3))):
+        selectors = [f'device.attributes["x.example.com"].size >= {draw(st.integers(1, 3))}'] if draw(
+            st.booleans()) else []
+        all_mode = draw(st.integers(0, 5)) == 0
+        extra: dict[str, Any] = {}
+        if draw(st.booleans()):
+            extra["tolerations"] = [{"key": "x.example.com/bad", "operator": "Exists"}]
+        if draw(st.integers(0, 5)) == 0:
+            extra["adminAccess"] = True
+        requests.append(exactly(f"q{index}", draw(st.sampled_from(["gpu", "nic"])), *selectors,
+                                count=None if all_mode else draw(st.integers(1, 2)),
+                                mode="All" if all_mode else None, **extra))  # fmt: skip
+    constraints = []
+    if draw(st.integers(0, 2)):
+        names = [r["name"] for r in requests]
+        scope = draw(st.lists(st.sampled_from(names), unique=True, max_size=len(names)))
+        kind = draw(st.sampled_from(["matchAttribute", "distinctAttribute"]))
+        constraints.append({"requests": scope, kind: ROOT_ATTR} if scope else {kind: ROOT_ATTR})
+    c = claim("c", *requests, constraints=constraints)
+    return [node_slice(*devices, counters={"set": {"units": str(units)}})], c, allocated, units
+
+
+def _usable(request: dict[str, Any], dev: dict[str, Any]) -> bool:
+    """Whether a device matches a request's class and selectors (not whether it is free)."""
+    spec = request["exactly"]
+    attrs = {k: next(iter(v.values())) for k, v in dev["attributes"].items()}
+    minimum = int(spec["selectors"][0]["cel"]["expression"].rsplit(" ", 1)[1]) if spec.get("selectors") else 0
+    return attrs["kind"] == spec["deviceClassName"] and attrs["size"] >= minimum
+
+
+def _valid(c: dict[str, Any], devices: list[dict[str, Any]], held: set[str], units: int,
+           assignment: list[list[dict[str, Any]]]) -> bool:  # fmt: skip
+    """Whether picking `assignment[i]` for request i is a valid allocation, checked from first principles."""
+    requests = c["spec"]["devices"]["requests"]
+    names = [d["name"] for picked in assignment for d in picked]
+    if len(names) != len(set(names)) or len(names) > 32:
+        return False
+    drawn = sum(int(d["consumesCounters"][0]["counters"]["units"]["value"])
+                for d in devices if d["name"] in held and d.get("consumesCounters"))  # fmt: skip
+    for request, picked in zip(requests, assignment, strict=True):
+        spec = request["exactly"]
+        matching = [d for d in devices if _usable(request, d)]
+        if spec.get("allocationMode") == "All":
+            if not matching or [d["name"] for d in picked] != [d["name"] for d in matching]:
+                return False
+        elif len(picked) != spec.get("count", 1) or not all(_usable(request, d) for d in picked):
+            return False
+        for d in picked:
+            if d.get("taints") and not spec.get("tolerations"):
+                return False
+            if not spec.get("adminAccess"):
+                if d["name"] in held:
+                    return False
+                if d.get("consumesCounters"):
+                    drawn += int(d["consumesCounters"][0]["counters"]["units"]["value"])
+    if drawn > units and any(not r["exactly"].get("adminAccess") and any(d.get("consumesCounters") for d in p)
+                             for r, p in zip(requests, assignment, strict=True)):  # fmt: skip
+        return False
+    for constraint in c["spec"]["devices"].get("constraints") or ():
+        scope = constraint.get("requests") or [r["name"] for r in requests]
+        values = [d["attributes"][ROOT_ATTR]["string"] for r, p in zip(requests, assignment, strict=True)
+                  if r["name"] in scope for d in p]  # fmt: skip
+        if "matchAttribute" in constraint and len(set(values)) > 1:
+            return False
+        if "distinctAttribute" in constraint and len(set(values)) != len(values):
+            return False
+    return True
+
+
+def _options(request: dict[str, Any], devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    matching = [d for d in devices if _usable(request, d)]
+    if request["exactly"].get("allocationMode") == "All":
+        return [matching]
+    return [list(p) for p in itertools.combinations(matching, request["exactly"].get("count", 1))]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_allocations_are_valid_and_found_whenever_one_exists(
+    scenario: tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]], int],
+) -> None:
+    slices, c, allocated, units = scenario
+    devices = slices[0]["spec"]["devices"]
+    held = {r["device"] for r in allocated[0]["devices"]["results"]}
+    requests = c["spec"]["devices"]["requests"]
+    exists = any(_valid(c, devices, held, units, list(combo))
+                 for combo in itertools.product(*(_options(r, devices) for r in requests)))  # fmt: skip
+    try:
+        allocation = run(c, slices, allocated=allocated)
+    except Unallocatable as e:
+        assert not exists, f"an allocation exists, but: {e.reasons}"
+        assert e.reasons and all(e.reasons)
+        return
+    by_name = {d["name"]: d for d in devices}
+    assignment = [[by_name[r.device] for r in allocation.results if r.request == request["name"]]
+                  for request in requests]  # fmt: skip
+    assert _valid(c, devices, held, units, assignment), allocation.results
+    assert [r.admin_access for r in allocation.results] == [
+        bool(next(q for q in requests if q["name"] == r.request)["exactly"].get("adminAccess"))
+        for r in allocation.results]

@@ -73,6 +73,7 @@ def test_quantity_library(expression: str) -> None:
     'semver("1.0.0-alpha").isLessThan(semver("1.0.0-alpha.1"))',
     'semver("1.0.0-alpha.1").isLessThan(semver("1.0.0-beta"))',
     'semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))',
+    'semver("1.0.0-2").isLessThan(semver("1.0.0-10")) && semver("1.0.0-1").isLessThan(semver("1.0.0-alpha"))',
     'semver("1.0.0+build.5") == semver("1.0.0")',
     'isSemver("1.2.3") && !isSemver("1.2") && !isSemver("v1.2.3") && !isSemver("01.2.3")',
     'isSemver("v1.2", true) && semver("v01.2", true) == semver("1.2.0")',
