@@ -541,3 +541,20 @@ def test_allocations_are_valid_and_found_whenever_one_exists(
     assert [r.admin_access for r in allocation.results] == [
         bool(next(q for q in requests if q["name"] == r.request)["exactly"].get("adminAccess"))
         for r in allocation.results]
+
+
+def test_mig_example_gets_an_existing_1g_device(tmp_path: Path) -> None:
+    from tests.test_mig import dgx_h100_in_mig_mode
+
+    # Static MIG: the two GPUs of the first root complex each have a 1g.10gb device at placement 3.
+    slices = discovered(str(dgx_h100_in_mig_mode(tmp_path, {0: [{"profile": "1g.10gb", "start": 3}]})))
+    held = []
+    for namespace, gpu_address in (("a", "18"), ("b", "1c")):
+        c = example_claim("mig-1g10gb", namespace=namespace)
+        allocation = run(c, slices, classes=device_classes(), allocated=held, node="dgx-h100-mig")
+        assert devices_of(allocation) == [("mig", f"gpu-0000-{gpu_address}-00-0-mig-1g10gb-19-3")]
+        held.append(held_by(c, allocation))
+    reasons = refused(example_claim("mig-1g10gb", namespace="c"), slices, classes=device_classes(),
+                      allocated=held, node="dgx-h100-mig")  # fmt: skip
+    assert reasons == ["request mig: needs 1 device(s); 2 match its class and selectors, 0 available "
+                       "(2 in use by a/mig-1g10gb, b/mig-1g10gb)"]
