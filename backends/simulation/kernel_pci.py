@@ -32,7 +32,9 @@ class PciCore:
     function's own."""
 
     def __init__(self, root: Path, plan: NodePlan) -> None:
-        self.injector = _ClassDeviceInjector(root)
+        # Generic functions' drivers make class devices of the classes their profile names.
+        self.class_dirs = _CLASS_DIRS + tuple(sorted({o.spec.char_class for o in plan.others if o.spec.char_class}))
+        self.injector = _ClassDeviceInjector(root, self.class_dirs)
         self.root = self.injector.root
         self.sys = self.root / "sys"
         self.plan = plan
@@ -122,7 +124,7 @@ class PciCore:
             return False
         # The driver's remove() tears its class devices down before the device is unbound; the driver link goes
         # last, so whoever waits for it to go finds them gone.
-        glue = [folder / name for name in _CLASS_DIRS if (folder / name).is_dir()]
+        glue = [folder / name for name in self.class_dirs if (folder / name).is_dir()]
         if glue:
             self.forget_class_devices(bus_id)  # what an earlier unbind kept is stale now
             self.injector._take_away(_stash_key(bus_id), glue)
@@ -184,10 +186,14 @@ class _ClassDeviceInjector(UdevInjector):
     """Takes class devices away and brings them back; their only links from elsewhere are their entries under
     class/, so finding those needs no walk of the whole tree (which costs tens of milliseconds on a large node)."""
 
+    def __init__(self, root: Path, class_dirs: tuple[str, ...]) -> None:
+        super().__init__(root)
+        self.class_dirs = class_dirs
+
     def _links_into(self, moved: list[Path]) -> list[Path]:
         targets = tuple(str(p) + os.sep for p in moved)
         found: list[Path] = []
-        for name in _CLASS_DIRS:
+        for name in self.class_dirs:
             folder = self.sys / "class" / name
             for entry in folder.iterdir() if folder.is_dir() else ():
                 if entry.is_symlink():

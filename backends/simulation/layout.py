@@ -79,8 +79,13 @@ class TpuPlan:
 
 @dataclass(frozen=True)
 class OtherPlan:
+    """A generic PCI function; `dev_nodes` are the spec's with `{n}` replaced by `index`, its number among the
+    profile's functions of the same vendor and device id."""
+
     bus_id: str
     spec: PciSpec
+    index: int = 0
+    dev_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,9 @@ class _Planner:
         elif slot.pci is not None:
             spec = slot.pci
             self.add(path, spec.vendor, spec.device, spec.class_code, spec.driver, numa, port)
-            self.others.append(OtherPlan(path[-1], spec))
+            index = sum(1 for o in self.others if (o.spec.vendor, o.spec.device) == (spec.vendor, spec.device))
+            nodes = tuple(node.replace("{n}", str(index)) for node in spec.dev_nodes)
+            self.others.append(OtherPlan(path[-1], spec, index, nodes))
         elif slot.nic is not None:
             self.nic(slot.nic, path, domain, bus, devfn, numa, port)
 
@@ -260,6 +267,13 @@ def _check_unique(planner: _Planner) -> None:
         if name in seen:
             raise ProfileError(f"network interface name {name!r} is used twice")
         seen.add(name)
+    nodes: dict[str, str] = {}
+    for other in planner.others:
+        for node in other.dev_nodes:
+            if node in nodes:
+                raise ProfileError(f"PCI functions {nodes[node]} and {other.bus_id} both have device node /dev/{node}; "
+                                   "put {n} in dev_nodes to number them")
+            nodes[node] = other.bus_id
     bus_ids = [f.bus_id for f in planner.functions]
     if len(set(bus_ids)) != len(bus_ids):
         raise ProfileError("two PCI functions got the same address; give root complexes distinct buses")

@@ -119,15 +119,51 @@ class TpuSpec(_Spec):
     model: TpuModelName
 
 
+def _dev_node(path: str) -> str:
+    """A path below /dev: relative, plain names, no '.' or '..'."""
+    parts = path.split("/")
+    if not all(p and p not in (".", "..") and p.replace("{n}", "").replace("-", "").replace("_", "")
+               .replace(".", "").isalnum() for p in parts):
+        raise ValueError(f"{path!r} is not a path below /dev (names of letters, digits, '-', '_', '.' and {{n}})")
+    return path
+
+
+# Files the simulated tree writes in every function's folder.
+_FUNCTION_FILES = frozenset({"vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision",
+                             "numa_node", "driver_override", "config", "uevent", "driver", "subsystem",
+                             "iommu_group", "remove", "reset", "enable", "local_cpulist", "local_cpus"})
+
+
 class PciSpec(_Spec):
     """Any other PCI function, e.g. an FPGA card for a third-party backend."""
 
-    vendor: int
-    device: int
-    class_code: int = 0x120000
+    vendor: int = Field(ge=0, le=0xFFFF)
+    device: int = Field(ge=0, le=0xFFFF)
+    class_code: int = Field(default=0x120000, ge=0, le=0xFFFFFF)
     driver: str | None = None
-    dev_nodes: list[str] = []
-    """Device nodes to create under /dev for it, e.g. ['fpga0']."""
+    dev_nodes: list[Annotated[str, AfterValidator(_dev_node)]] = []
+    """Device nodes to create under /dev for it, e.g. ['acme/fpga{n}']: `{n}` is the function's number among the
+    profile's functions with the same vendor and device id (0, 1, ... in the order the profile lists them), so
+    `count` can repeat it."""
+    char_class: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]*$", max_length=32)
+    """With a class name (e.g. 'acme_fpga') each device node is also the driver's class device in sysfs, as a real
+    driver makes it: `<function>/<class>/<name>` with `dev` and `uevent` (DEVNAME), linked from
+    `class/<class>/<name>`. Unbinding the driver takes them away with their nodes, binding brings them back."""
+
+    sysfs_attributes: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)], str] = {}
+    """More files in the function's sysfs folder, name → content, e.g. {bitstream: factory}: state a driver
+    exposes there (a write is kept, with no effect of its own)."""
+
+    @model_validator(mode="after")
+    def _nodes_for_class(self) -> PciSpec:
+        if self.char_class and not self.dev_nodes:
+            raise ValueError("char_class needs dev_nodes: the class devices are the device nodes")
+        if self.char_class and not self.driver:
+            raise ValueError("char_class needs a driver: class devices belong to the bound driver")
+        taken = sorted(self.sysfs_attributes.keys() & _FUNCTION_FILES)
+        if taken:
+            raise ValueError(f"sysfs_attributes {taken} are files every PCI function has already")
+        return self
 
 
 class Slot(_Spec):

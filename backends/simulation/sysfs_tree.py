@@ -44,10 +44,24 @@ def write_tree(plan: NodePlan, sysfs_root: Path, dev_root: Path) -> None:
         _write_nic(sysfs, dev, by_id, nic)
     for tpu in plan.tpus:
         _write_tpu(sysfs, dev, by_id[tpu.bus_id], tpu)
+    minor = 0
     for other in plan.others:
-        for node in other.spec.dev_nodes:
+        for name, value in other.spec.sysfs_attributes.items():
+            _write(f"{function_dir(sysfs, by_id[other.bus_id])}/{name}", value + "\n")
+        for node in other.dev_nodes:
             os.makedirs(os.path.dirname(f"{dev}/{node}"), exist_ok=True)
             _write(f"{dev}/{node}", "")
+            if other.spec.char_class:
+                cls = other.spec.char_class
+                os.makedirs(f"{sysfs}/class/{cls}", exist_ok=True)
+                folder = write_class_device(sysfs, by_id[other.bus_id], cls, os.path.basename(node),
+                                            f"MAJOR={_GENERIC_MAJOR}\nMINOR={minor}\nDEVNAME={node}\n")
+                _write(f"{folder}/dev", f"{_GENERIC_MAJOR}:{minor}\n")
+                minor += 1
+
+
+# The character-device major of generic functions' class devices: one from the kernel's dynamic range.
+_GENERIC_MAJOR = 511
 
 
 def write_driver(sysfs: str, driver: str) -> None:

@@ -26,6 +26,10 @@ from backends.topology import TopologyError, normalize_bus_id
 __all__ = ["Injection", "InjectionError", "UdevInjector", "main"]
 
 
+# Network adapters' class devices: theirs are not the function's own device node.
+_NETWORK_CLASSES = ("net", "infiniband", "infiniband_verbs")
+
+
 class InjectionError(Exception):
     """The event cannot happen on this node (unknown device, already removed, ...); the message says why."""
 
@@ -78,7 +82,8 @@ class UdevInjector:
     # Device nodes ---------------------------------------------------------------------------------------------
 
     def node_remove(self, bus_id: str) -> Injection:
-        """Remove the character device of a function (its accel device, else its vfio group) and its /dev node."""
+        """Remove the character device of a function (its accel or other class device, else its vfio group) and
+        its /dev node."""
         bus_id = _bus_id(bus_id)
         folder = self._char_device(bus_id)
         return self._take_away(f"node-{bus_id}", [folder])
@@ -203,6 +208,11 @@ class UdevInjector:
         accel = sorted((entry / "accel").glob("accel*"))
         if accel:
             return Path(os.path.realpath(accel[0]))
+        # A generic function's class device: <function>/<class>/<name> with a dev file (see PciSpec.char_class).
+        owned = sorted(p for p in entry.glob("*/*/dev")
+                       if not p.parent.parent.is_symlink() and p.parent.parent.name not in _NETWORK_CLASSES)
+        if owned:
+            return Path(os.path.realpath(owned[0].parent))
         driver, group = entry / "driver", entry / "iommu_group"
         if driver.is_symlink() and os.path.basename(os.readlink(driver)) == "vfio-pci" and group.is_symlink():
             vfio = self.sys / "devices/virtual/vfio" / os.path.basename(os.readlink(group))
@@ -210,7 +220,8 @@ class UdevInjector:
                 return vfio
         if (self.root / STATE_DIR / "removed" / f"node-{bus_id}").exists():
             raise InjectionError(f"the device node of {bus_id} is already removed")
-        raise InjectionError(f"{bus_id} has no device node of its own (neither an accel device nor a vfio group)")
+        raise InjectionError(f"{bus_id} has no device node of its own (neither an accel device nor a vfio group, "
+                             "nor a class device of a generic function)")
 
     def _netdev(self, interface: str) -> Path:
         if ":" in interface:
