@@ -156,7 +156,8 @@ class _Matcher:
     def _key(self, device: Candidate) -> str:
         if id(device) not in self._keys:
             seen = {k: device.device.get(k) for k in ("attributes", "capacity", "allowMultipleAllocations")}
-            self._keys[id(device)] = device.driver + "\0" + json.dumps(seen, sort_keys=True)
+            # The name too: an error message names the device it happened on.
+            self._keys[id(device)] = f"{device.driver}\0{device.name}\0{json.dumps(seen, sort_keys=True)}"
         return self._keys[id(device)]
 
     def matches(self, selector: Selector, device: Candidate) -> bool | CelError:
