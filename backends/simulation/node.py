@@ -48,6 +48,7 @@ class SimulatedNode:
         write_tree(plan, root / "sys", root / "dev")
         node = cls(profile, plan, root, _nvml(plan))
         node.nvml.state_file = root / _MIG_STATE
+        node.nvml.sysfs_root = node.sysfs  # NVML lists the GPUs the nvidia driver holds there
         node.reboot()
         if plan.gpus:
             _write_driver_files(root, profile.nvidia.driver_version)
@@ -89,6 +90,7 @@ class SimulatedNode:
             # MIG instances live on the GPUs until a reboot, not with the process that made them.
             load_mig_state(nvml.gpus, root / _MIG_STATE)
             nvml.state_file = root / _MIG_STATE
+            nvml.sysfs_root = root / "sys"
             return cls(profile, plan, root, nvml)
         if root.exists() and any(root.iterdir()):
             raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")

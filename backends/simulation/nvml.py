@@ -3,18 +3,21 @@
 `SimulatedNvml(gpus).install()` puts an object in `pynvml.nvmlLib` whose methods are named after the C
 symbols pynvml looks up and take the same ctypes arguments, so pynvml's own wrapper code runs unchanged and
 returns the structs, strings and `NVMLError` subclasses it would on a real node. This module owns the
-system and device-identity entry points, plugging in, and the test-facing controls for MIG layouts; MIG entry
-points are in `nvml_mig`, event sets and injected events, lost GPUs and reset in `nvml_events`, state and
-rules in `nvml_state`, ctypes marshalling in `nvml_core`. Symbols not implemented are simply absent, so pynvml raises
-`NVMLError_FunctionNotFound` as it would with an older driver.
+system and device-identity entry points (which GPUs are listed), plugging in, and the test-facing controls for
+MIG layouts; MIG entry points are in `nvml_mig`, compute mode in `nvml_compute`, event sets and injected events,
+lost GPUs and reset in `nvml_events`, state and rules in `nvml_state`, ctypes marshalling in `nvml_core`. Symbols
+not implemented are simply absent, so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
 
 from backends.simulation.catalog import MigProfile
+from backends.simulation.nvml_compute import ComputeModeSymbols
 from backends.simulation.nvml_core import (
     HandleKind,
     Target,
@@ -61,6 +64,7 @@ __all__ = [
 
 _MIB = 1 << 20
 _NVIDIA = 0x10DE
+_NVIDIA_DRIVER = "nvidia"
 _GPU, _MIG = HandleKind.GPU, HandleKind.MIG_DEVICE
 
 _MESSAGES = {
@@ -98,12 +102,17 @@ class _Saved(NamedTuple):
     refcount: int
 
 
-class SimulatedNvml(MigSymbols, EventSymbols):
-    """The simulated library: GPUs in PCI bus-id order (NVML's order; index = position).
+class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
+    """The simulated library: GPUs in PCI bus-id order (NVML's order; index = position among those listed).
 
     Thread-safe: one lock guards all state, as the agent calls NVML from worker threads and an event thread.
     `driver_version` and `cuda_driver_version` (e.g. 13000 for CUDA 13.0) are what the system queries report.
     """
+
+    sysfs_root: Path | None = None
+    """The node's sysfs: NVML lists only the GPUs the nvidia driver holds, so with this set a GPU bound to another
+    driver there (vfio-pci, for passthrough) or to none is absent from the count and from every handle lookup,
+    and listed again once nvidia holds it. The test-facing controls below still take positions among all GPUs."""
 
     def __init__(
         self, gpus: list[SimGpu], driver_version: str = "580.95.05", cuda_driver_version: int = 13000
@@ -183,7 +192,7 @@ class SimulatedNvml(MigSymbols, EventSymbols):
             gi = create_gpu_instance(gpu, profile, start)
             full = next(i for i, s in ((0, 1), (1, 2), (2, 3), (3, 4), (4, 7)) if s == profile.slices)
             ci = create_compute_instance(gi, full)
-            self._mig_changed()
+            self._state_changed()
             return gi.id, ci.id
 
     def destroy_instance(self, index: int, gi_id: int) -> None:
@@ -193,7 +202,7 @@ class SimulatedNvml(MigSymbols, EventSymbols):
             gi = gpu.gpu_instances[gi_id]
             gi.compute_instances.clear()
             destroy_gpu_instance(gpu, gi)
-            self._mig_changed()
+            self._state_changed()
 
     def instances(self, index: int) -> list[MigInstanceView]:
         """The GPU instances of GPU `index` as (profile name, start, GI id, CI ids), by GI id."""
@@ -254,9 +263,24 @@ class SimulatedNvml(MigSymbols, EventSymbols):
 
     # -- enumeration ---------------------------------------------------------------------------------
 
+    def _listed(self) -> list[int]:
+        """Positions of the GPUs NVML lists, in its order: with `sysfs_root` set, those the nvidia driver holds."""
+        if self.sysfs_root is None:
+            return list(range(len(self._gpus)))
+        return [i for i, gpu in enumerate(self._gpus) if self._held_by_nvidia(gpu.bus_id)]
+
+    def _held_by_nvidia(self, bus_id: str) -> bool:
+        assert self.sysfs_root is not None
+        folder = self.sysfs_root / "bus/pci/devices" / bus_id
+        try:
+            return os.path.basename(os.readlink(folder / "driver")) == _NVIDIA_DRIVER
+        except FileNotFoundError:
+            # Unbound, or gone from the bus: a removed GPU stays listed, as lost (see `set_lost`).
+            return not folder.is_dir()
+
     @api
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
-        out(count).value = len(self._gpus)
+        out(count).value = len(self._listed())
         return NvmlReturn.SUCCESS
 
     def _hand_out(self, index: int, symbol: str, device: Any, value: int | None = None) -> int:
@@ -266,16 +290,17 @@ class SimulatedNvml(MigSymbols, EventSymbols):
 
     @api
     def nvmlDeviceGetHandleByIndex_v2(self, index: Any, device: Any) -> int:
-        i = uint(index)
-        if i >= len(self._gpus):
+        i, listed = uint(index), self._listed()
+        if i >= len(listed):
             return NvmlReturn.ERROR_INVALID_ARGUMENT
-        return self._hand_out(i, "nvmlDeviceGetHandleByIndex_v2", device)
+        return self._hand_out(listed[i], "nvmlDeviceGetHandleByIndex_v2", device)
 
     @api
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, device: Any) -> int:
         wanted = getattr(uuid, "value", uuid)
         text = wanted.decode() if isinstance(wanted, bytes) else str(wanted)
-        for i, gpu in enumerate(self._gpus):
+        for i in self._listed():
+            gpu = self._gpus[i]
             if gpu.uuid == text:
                 return self._hand_out(i, "nvmlDeviceGetHandleByUUID", device)
             for gi, ci in gpu.mig_slots():
@@ -291,8 +316,8 @@ class SimulatedNvml(MigSymbols, EventSymbols):
             key = parse_bus_id(wanted.decode() if isinstance(wanted, bytes) else str(wanted))
         except ValueError:
             return NvmlReturn.ERROR_INVALID_ARGUMENT
-        for i, gpu in enumerate(self._gpus):
-            if parse_bus_id(gpu.bus_id) == key:
+        for i in self._listed():
+            if parse_bus_id(self._gpus[i].bus_id) == key:
                 return self._hand_out(i, "nvmlDeviceGetHandleByPciBusId_v2", device)
         return NvmlReturn.ERROR_NOT_FOUND
 
@@ -300,7 +325,10 @@ class SimulatedNvml(MigSymbols, EventSymbols):
 
     @on_handle(_GPU)
     def nvmlDeviceGetIndex(self, t: Target, index: Any) -> int:
-        out(index).value = t.index
+        listed = self._listed()
+        if t.index not in listed:
+            return NvmlReturn.ERROR_NOT_FOUND  # a handle from before the GPU left the nvidia driver
+        out(index).value = listed.index(t.index)
         return NvmlReturn.SUCCESS
 
     @on_handle(_GPU, _MIG)

@@ -180,6 +180,9 @@ class LibraryCore:
         self._init_count = 0
         self._calls: Counter[str] = Counter()
 
+    def _state_changed(self) -> None:
+        """The GPUs' state changed: a kept node saves what outlives the process (see `MigSymbols`)."""
+
     def call_count(self, symbol: str) -> int:
         """How often the C symbol `symbol` has been called (tests count wake-ups and probes with it)."""
         with self._lock:

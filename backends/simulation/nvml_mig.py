@@ -92,12 +92,12 @@ def _fill_gi_profile(info: Any, profile: MigProfile) -> None:
 class MigSymbols(LibraryCore):
     """MIG mode, GPU instances, compute instances and MIG device handles.
 
-    With `state_file` set (a kept node), every change of MIG mode or instances is saved there.
+    With `state_file` set (a kept node), every change of MIG mode, instances or compute mode is saved there.
     """
 
     state_file: Path | None = None
 
-    def _mig_changed(self) -> None:
+    def _state_changed(self) -> None:
         if self.state_file is not None:
             save_mig_state(self._gpus, self.state_file)
 
@@ -137,7 +137,7 @@ class MigSymbols(LibraryCore):
                 out(activation_status).value = exc.code
             raise
         out(activation_status).value = int(status)
-        self._mig_changed()
+        self._state_changed()
         return NvmlReturn.SUCCESS
 
     # -- GPU instance profiles and placements -------------------------------------------------------
@@ -197,7 +197,7 @@ class MigSymbols(LibraryCore):
     def nvmlDeviceCreateGpuInstance(self, t: Target, profile_id: Any, instance: Any) -> int:
         gi = create_gpu_instance(t.gpu, _profile(t.gpu, profile_id), None)
         store_handle(instance, self._gi_token(t, gi))
-        self._mig_changed()
+        self._state_changed()
         return NvmlReturn.SUCCESS
 
     @on_handle(_GPU)
@@ -207,7 +207,7 @@ class MigSymbols(LibraryCore):
         profile = _profile(t.gpu, profile_id)
         gi = create_gpu_instance(t.gpu, profile, _placement_start(placement))
         store_handle(instance, self._gi_token(t, gi))
-        self._mig_changed()
+        self._state_changed()
         return NvmlReturn.SUCCESS
 
     @on_handle(_GPU)
@@ -246,7 +246,7 @@ class MigSymbols(LibraryCore):
     def nvmlGpuInstanceDestroy(self, t: Target) -> int:
         assert t.gi is not None
         destroy_gpu_instance(t.gpu, t.gi)
-        self._mig_changed()
+        self._state_changed()
         return NvmlReturn.SUCCESS
 
     # -- compute instances ---------------------------------------------------------------------------
@@ -316,7 +316,7 @@ class MigSymbols(LibraryCore):
         assert t.gi is not None
         ci = create_compute_instance(t.gi, uint(profile_id))
         store_handle(instance, token(_CI, t.index, t.gi.id, ci.id))
-        self._mig_changed()
+        self._state_changed()
         return NvmlReturn.SUCCESS
 
     @on_handle(_GI)
@@ -357,7 +357,7 @@ class MigSymbols(LibraryCore):
     def nvmlComputeInstanceDestroy(self, t: Target) -> int:
         assert t.gi is not None and t.ci is not None
         del t.gi.compute_instances[t.ci.id]
-        self._mig_changed()
+        self._state_changed()
         return NvmlReturn.SUCCESS
 
     # -- MIG device handles --------------------------------------------------------------------------

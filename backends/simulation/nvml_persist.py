@@ -1,5 +1,6 @@
-"""A kept simulated node's MIG state on disk: MIG modes and GPU and compute instances outlive the agent process,
-as they outlive it on hardware (until a reboot or a driver reload), so a restarted agent finds what it made."""
+"""A kept simulated node's GPU state on disk: MIG modes, GPU and compute instances and compute modes outlive the
+agent process, as they outlive it on hardware (until a reboot or a driver reload), so a restarted agent finds what
+it made."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ __all__ = ["load_mig_state", "save_mig_state"]
 
 
 def save_mig_state(gpus: Sequence[SimGpu], path: Path) -> None:
-    """Write every GPU's MIG mode and instances (atomically: a process killed mid-write leaves the old state)."""
+    """Write every GPU's MIG mode, instances and compute mode (atomically: a process killed mid-write leaves the old
+    state)."""
     state = [{
         "bus_id": gpu.bus_id, "mig_enabled": gpu.mig_enabled, "mig_pending": gpu.mig_pending,
+        "compute_mode": gpu.compute_mode,
         "gpu_instances": [{
             "id": gi.id, "profile": gi.profile.name, "start": gi.start,
             "compute_instances": [{"id": ci.id, "profile_id": ci.profile_id, "slices": ci.slices, "start": ci.start}
@@ -40,6 +43,7 @@ def load_mig_state(gpus: Sequence[SimGpu], path: Path) -> bool:
     for saved in state:
         gpu = by_bus[saved["bus_id"]]
         gpu.mig_enabled, gpu.mig_pending = saved["mig_enabled"], saved["mig_pending"]
+        gpu.compute_mode = saved.get("compute_mode", 0)  # absent from states saved before it was kept
         gpu.gpu_instances = {
             gi["id"]: GpuInstance(gi["id"], gpu.model.mig_profile(gi["profile"]), gi["start"], {
                 ci["id"]: ComputeInstance(ci["id"], ci["profile_id"], ci["slices"], ci["start"])

@@ -123,7 +123,7 @@ class SimGpu:
     (e.g. "nvmlDeviceGetMemoryInfo") to the return code every call of that symbol gets for this GPU or any
     of its MIG devices. `mig_enabled` is the current MIG mode; `mig_pending` the mode after the next reset.
     `busy` (processes running) makes a MIG mode change fail with IN_USE; `lost` (fell off the bus) makes
-    every call on the GPU return GPU_IS_LOST.
+    every call on the GPU return GPU_IS_LOST. `compute_mode` is the NVML compute mode (NVML_COMPUTEMODE_*).
     """
 
     model: GpuModel
@@ -137,6 +137,7 @@ class SimGpu:
     mig_pending: bool = field(init=False)
     busy: bool = field(default=False, init=False)
     lost: bool = field(default=False, init=False)
+    compute_mode: int = field(default=0, init=False)
     gpu_instances: dict[int, GpuInstance] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
