@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["MIG_POINTS", "POINTS", "VFIO_POINTS", "failpoint"]
+__all__ = ["MIG_POINTS", "MIG_WHOLE_POINTS", "POINTS", "VFIO_POINTS", "failpoint"]
 
 POINTS = (
     "prepare-before-started",
@@ -26,6 +26,9 @@ POINTS = (
 
 MIG_POINTS = ("mig-after-gpu-instance", "mig-after-compute-instance")
 """nvidia-mig's points, between the NVML calls that make a MIG device and the ledger records of them."""
+
+MIG_WHOLE_POINTS = ("mig-whole-after-intent", "mig-whole-after-mode-off")
+"""nvidia-mig's points for a whole GPU in MIG mode: after the intent record, and after MIG mode went off."""
 
 VFIO_POINTS = ("vfio-after-intent", "vfio-after-binding")
 """vfio-pci passthrough's points: after the intent record, and after the rebinding before the bound record."""

@@ -63,13 +63,20 @@ class Passthrough:
         self._loaded = False
         self._lock = threading.Lock()
 
-    async def prepare(self, claim: str, targets: Sequence[tuple[str, str]],
-                      published: Collection[str]) -> list[Prepared]:
+    async def prepare(self, claim: str, targets: Sequence[tuple[str, str]], published: Collection[str],
+                      notes: Mapping[str, Mapping[str, Any]] | None = None) -> list[Prepared]:
         """Bind each (device name, PCI address) and its IOMMU group to vfio-pci; all or nothing for the claim.
-        `published` holds the PCI addresses of every device the backend publishes."""
+        `published` holds the PCI addresses of every device the backend publishes; `notes` (by device name) is
+        kept with each entry for the backend (see `entries`)."""
         if not targets:
             return []
-        return await asyncio.to_thread(self._prepare, claim, targets, frozenset(published))
+        return await asyncio.to_thread(self._prepare, claim, targets, frozenset(published), notes or {})
+
+    async def entries(self) -> list[dict[str, Any]]:
+        """The devices bound (or being bound) for claims: claim, device, group, members, bound, and the backend's
+        `notes`."""
+        await self._load()
+        return [dict(entry) for _, entry in self._journal] if self._journal is not None else []
 
     async def unprepare(self, claim: str, prepared: Sequence[Prepared]) -> None:
         """Hand back what was bound for the claim's devices, from the journal or the restore records."""
@@ -111,7 +118,8 @@ class Passthrough:
     def _entry(self, claim: str, device: str) -> dict[str, Any] | None:
         return self._journal.get(f"{claim}/{device}") if self._journal is not None else None
 
-    def _prepare(self, claim: str, targets: Sequence[tuple[str, str]], published: frozenset[str]) -> list[Prepared]:
+    def _prepare(self, claim: str, targets: Sequence[tuple[str, str]], published: frozenset[str],
+                 notes: Mapping[str, Mapping[str, Any]]) -> list[Prepared]:
         if self._journal is None:
             raise PrepareError("vfio-pci passthrough is done only by `dra-agent run`, which records it")
         self._load_now()
@@ -120,7 +128,7 @@ class Passthrough:
             done: list[Prepared] = []
             try:
                 for device, bus_id in targets:
-                    done.append(self._prepare_one(claim, device, bus_id, published, deadline))
+                    done.append(self._prepare_one(claim, device, bus_id, published, deadline, notes.get(device)))
             except BaseException:
                 # One claim is all or nothing: what this call bound for it goes back.
                 self._undo_quietly(claim, [(p.device, p.restore) for p in done])
@@ -128,7 +136,7 @@ class Passthrough:
             return done
 
     def _prepare_one(self, claim: str, device: str, bus_id: str, published: frozenset[str],
-                     deadline: Deadline) -> Prepared:
+                     deadline: Deadline, note: Mapping[str, Any] | None) -> Prepared:
         assert self._journal is not None
         key = f"{claim}/{device}"
         entry = self._journal.get(key)
@@ -145,7 +153,11 @@ class Passthrough:
         # An entry left by an attempt that did not finish knows the drivers from before it.
         originals: dict[str, str | None] = (dict(entry["members"]) if entry is not None
                                             else {m: self._rebinder.driver(m) for m in members})
-        record = {"claim": claim, "device": device, "group": group, "members": originals}
+        record: dict[str, Any] = {"claim": claim, "device": device, "group": group, "members": originals}
+        if entry is not None and "notes" in entry:
+            record["notes"] = entry["notes"]
+        elif note is not None:
+            record["notes"] = dict(note)
         self._journal.put(key, {**record, "bound": False})
         failpoint("vfio-after-intent")
         try:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 import structlog
 import yaml
@@ -22,7 +23,16 @@ from backends.failpoints import VFIO_POINTS
 from backends.journal import Journal
 from backends.topology import TopologyReader
 from backends.vfio import Passthrough
-from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, plugin_after_restart, settings_for
+from backends.vfio_sysfs import Deadline, Rebinder
+from tests.agent_env import (
+    NODE,
+    AgentProcess,
+    agent_in_process,
+    allocate,
+    plugin_after_restart,
+    settings_for,
+    wait_until,
+)
 
 GPU = "gpu.nvidia.com"
 SRIOV = "sriov.dra-agent.io"
@@ -267,3 +277,75 @@ def test_the_journal_survives_a_torn_last_line_and_compacts(tmp_path: Path) -> N
     assert list(again) == [("a/gpu", {"members": {GPU_BDF: "nvidia"}})] and again.problems == []
     assert path.read_text().count("\n") == 1, "loading rewrites the journal with the live entries only"
     again.close()
+
+
+def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: Any) -> None:
+    node = sim_node("dgx-h100")
+    rebinder, other = Rebinder(node.sysfs), node.plan.gpus[1]
+    rebinder.to_vfio(GPU_BDF, Deadline(10))
+    pynvml.nvmlInit()
+    try:
+        assert pynvml.nvmlDeviceGetCount() == 7
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetHandleByPciBusId(GPU_BDF)
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetHandleByUUID(node.plan.gpus[0].uuid)
+        first = pynvml.nvmlDeviceGetHandleByIndex(0)  # NVML numbers the GPUs it lists
+        assert pynvml.nvmlDeviceGetUUID(first) == other.uuid and pynvml.nvmlDeviceGetIndex(first) == 0
+        rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
+        assert pynvml.nvmlDeviceGetCount() == 8
+        assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)) == node.plan.gpus[0].uuid
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def published_gpus(server: TestApiServer) -> dict[str, dict[str, Any]]:
+    """The GPUs in the published slices: device name → device (attributes, capacity)."""
+    return {d["name"]: d for s in server.objects("resourceslices") if s["spec"]["driver"] == GPU
+            for d in s["spec"].get("devices", ())}
+
+
+def nvml_index(device: dict[str, Any]) -> int:
+    index: int = device["attributes"]["index"]["int"]
+    return index
+
+
+async def test_a_gpu_passed_through_stays_published_while_nvml_cannot_see_it(scratch: Path) -> None:
+    """Bound to vfio-pci, the GPU is gone from NVML (the other GPUs are numbered again, which rediscovery after the
+    bind's uevent shows); it stays published as it was, also after a restart, and comes back from NVML at
+    unprepare."""
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
+                                backends=("nvidia-gpu",))
+        first, second = AgentProcess(settings), AgentProcess(settings)
+        held, neighbour = "gpu-0000-18-00-0", "gpu-0000-1c-00-0"
+        try:
+            await first.start()
+            async with KubeletSimulator(settings.registry_dir) as kubelet:
+                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+                await wait_until(lambda: len(published_gpus(server)) == 8)
+                before = published_gpus(server)
+                assert nvml_index(before[neighbour]) == 1
+                ref = allocate(server, "vm", [("dev", GPU, held)], passthrough(GPU))
+                await plugin.prepare_or_raise([ref])
+                await wait_until(lambda: nvml_index(published_gpus(server)[neighbour]) == 0)
+                assert published_gpus(server)[held] == before[held], "published as it was"
+                assert len(published_gpus(server)) == 8
+
+                await first.stop()  # killed while the GPU is passed through
+                for piece in server.objects("resourceslices"):
+                    server.delete_object("resourceslices", piece["metadata"]["name"], namespace="")
+                await second.start()
+                plugin = await plugin_after_restart(kubelet, plugin)
+                await wait_until(lambda: len(published_gpus(server)) == 8)
+                assert published_gpus(server)[held] == before[held], "from the journal after a restart"
+                assert nvml_index(published_gpus(server)[neighbour]) == 0, "NVML still does not list it"
+
+                assert await plugin.unprepare([ref]) == {ref.uid: ""}
+                assert driver_of(settings.sim_root, GPU_BDF) == "nvidia"  # type: ignore[arg-type]
+                await wait_until(lambda: nvml_index(published_gpus(server)[neighbour]) == 1)
+                assert published_gpus(server) == before, "found by NVML again"
+        finally:
+            await first.stop()
+            await second.stop()

@@ -1,17 +1,27 @@
 """Configuration of the NVIDIA backends: their own settings (health watching, MIG mode), and the opaque
-configuration a claim or device class can give NVIDIA GPUs and MIG devices."""
+configuration a claim or device class can give NVIDIA GPUs and MIG devices (driver files, GPU sharing)."""
 
 from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.config import CONFIG_API_VERSION, BackendConfig, OpaqueConfig
 from backends.nvidia.driver_files import Capability
 from backends.nvidia.health_rules import DEFAULT_IGNORED_XIDS
 
-__all__ = ["DEFAULT_GPU_CONFIG", "GpuBackendConfig", "GpuConfig", "MigBackendConfig", "MigMode"]
+__all__ = [
+    "DEFAULT_GPU_CONFIG",
+    "ExclusiveProcess",
+    "GpuBackendConfig",
+    "GpuConfig",
+    "MigBackendConfig",
+    "MigMode",
+    "Mps",
+    "Sharing",
+    "TimeSlicing",
+]
 
 
 class GpuBackendConfig(BackendConfig):
@@ -48,11 +58,48 @@ class MigBackendConfig(GpuBackendConfig):
         return self.model_modes.get(product_name, self.mode)
 
 
+class _Strategy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TimeSlicing(_Strategy):
+    """`strategy: TimeSlicing`: the processes of every container sharing the claim take turns on the GPU (its
+    compute mode is set to DEFAULT). NVML has no call for the length of a turn, so the driver's own applies."""
+
+    strategy: Literal["TimeSlicing"]
+
+
+class ExclusiveProcess(_Strategy):
+    """`strategy: ExclusiveProcess`: one process at a time owns the GPU (compute mode EXCLUSIVE_PROCESS); another
+    process's CUDA context creation fails until it exits."""
+
+    strategy: Literal["ExclusiveProcess"]
+
+
+class Mps(_Strategy):
+    """`strategy: MPS`: refused. CUDA MPS needs a control daemon per claim and its pipe and log directories
+    mounted into every container, which the agent does not run."""
+
+    strategy: Literal["MPS"]
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> Mps:
+        raise ValueError("MPS is not supported: it needs an MPS control daemon per claim with its pipe and log "
+                         "directories mounted into the containers, which dra-agent does not run; use TimeSlicing "
+                         "or ExclusiveProcess")
+
+
+Sharing = Annotated[TimeSlicing | ExclusiveProcess | Mps, Field(discriminator="strategy")]
+"""How the containers and processes sharing a claim's GPU use it."""
+
+
 class GpuConfig(OpaqueConfig):
     """`apiVersion: dra-agent.io/v1alpha1`, `kind: GpuConfig`.
 
     `driverCapabilities` chooses which parts of the host's NVIDIA driver the container gets: `compute` (CUDA),
-    `utility` (NVML, nvidia-smi), `video` (NVDEC/NVENC), `graphics` (OpenGL, EGL, Vulkan).
+    `utility` (NVML, nvidia-smi), `video` (NVDEC/NVENC), `graphics` (OpenGL, EGL, Vulkan). `sharing` (optional)
+    sets how processes share the GPU: `{strategy: TimeSlicing}` or `{strategy: ExclusiveProcess}`; without it
+    the GPU's compute mode is left as it is.
     """
 
     API_VERSION: ClassVar[str] = CONFIG_API_VERSION
@@ -61,6 +108,7 @@ class GpuConfig(OpaqueConfig):
     driver_capabilities: tuple[Capability, ...] = Field(
         default=("compute", "utility"), alias="driverCapabilities", min_length=1, max_length=4
     )
+    sharing: Sharing | None = None
 
 
 DEFAULT_GPU_CONFIG = GpuConfig(api_version=CONFIG_API_VERSION, kind="GpuConfig")

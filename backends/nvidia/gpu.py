@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from backends.contract import Allocated, ClaimRef, Device, Inventory, Prepared, PrepareError
+from backends.contract import Allocated, BackendContext, ClaimRef, Device, Inventory, Prepared, PrepareError
 from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
 from backends.nvidia.config import GpuConfig
 from backends.nvidia.health_rules import DeviceRef
+from backends.nvidia.mig_whole import held_whole
 from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
+from backends.nvidia.passthrough import describe, held_device
+from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.topology import device_name
 from backends.vfio import PassthroughBackend, VfioConfig
 from cdi.spec import ContainerEdits, DeviceNode
@@ -18,7 +22,7 @@ __all__ = ["NvidiaGpuBackend"]
 
 
 class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
-    """Full NVIDIA GPUs found through NVML."""
+    """Full NVIDIA GPUs found through NVML, and those a claim holds on vfio-pci (gone from NVML meanwhile)."""
 
     name = "nvidia-gpu"
     driver = "gpu.nvidia.com"
@@ -28,42 +32,94 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         super().__init__()
         self._minors: dict[str, int] = {}  # device name → N of /dev/nvidiaN, from the last discovery
         self._refs: dict[str, DeviceRef] = {}  # device name → its GPU, from the last discovery
+        self._devices: dict[str, Device] = {}  # device name → what was published, from the last discovery
+        self._modes: ComputeModes | None = None
+
+    async def start(self, ctx: BackendContext) -> None:
+        await super().start(ctx)
+        self._modes = ComputeModes(ctx.state_dir, ctx.log)
 
     async def discover(self) -> Inventory:
         inventory = await asyncio.to_thread(self._discover)
-        self.watch(self._refs)
-        return inventory
+        # GPUs on vfio-pci for a claim are gone from NVML: published as they were, not watched through NVML.
+        watched = dict(self._refs)
+        held: list[Device] = []
+        if self.ctx.state_dir is not None:
+            for entry in await self.passthrough().entries():
+                name, notes = entry["device"], entry.get("notes")
+                if name in self._devices or not notes:
+                    continue
+                device = held_device(name, notes, self.ctx.topology)
+                held.append(device)
+                self._devices[name] = device
+                self._refs[name] = DeviceRef("", notes["busId"])
+        self.watch(watched)
+        if not held:
+            return inventory
+        devices = tuple(sorted((*inventory.devices, *held), key=lambda d: d.name))
+        return Inventory(devices=devices, counter_sets=inventory.counter_sets, warnings=inventory.warnings)
+
+    @property
+    def modes(self) -> ComputeModes:
+        assert self._modes is not None
+        return self._modes
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
-        """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all. A GPU
-        configured with VfioConfig is bound to vfio-pci instead and gets only its VFIO nodes."""
-        missing = [a.device for a in devices if a.device not in self._minors]
+        """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all; the
+        compute mode the GpuConfig's sharing asks for. A GPU configured with VfioConfig is bound to vfio-pci
+        instead and gets only its VFIO nodes."""
+        missing = [a.device for a in devices if a.device not in self._refs]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
         plain = [a for a in devices if not isinstance(a.config, VfioConfig)]
+        gone = [a.device for a in plain if a.device not in self._minors]
+        if gone:
+            raise PrepareError(f"{', '.join(gone)} is passed through with vfio-pci for another claim")
         common = await self.common_edits(plain) if plain else None
-        prepared = {
-            a.device: Prepared(
-                device=a.device,
-                edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{self._minors[a.device]}"),)),
-                common_edits=common,
-            )
-            for a in plain
-        }
-        passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if isinstance(a.config, VfioConfig)]
-        if passthrough:
-            published = {ref.bus_id for ref in self._refs.values()}
-            for item in await self.passthrough().prepare(claim.uid, passthrough, published):
-                prepared[item.device] = item
+        prepared: dict[str, Prepared] = {}
+        try:
+            for a in plain:
+                restore: dict[str, Any] = {}
+                mode = wanted_mode(a)
+                if mode is not None:
+                    restore["computeMode"] = await asyncio.to_thread(
+                        self.modes.apply, claim.uid, a.device, self._refs[a.device].bus_id, mode)
+                prepared[a.device] = Prepared(
+                    device=a.device,
+                    edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{self._minors[a.device]}"),)),
+                    common_edits=common,
+                    restore=restore,
+                )
+            passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if isinstance(a.config, VfioConfig)]
+            if passthrough:
+                published = {ref.bus_id for ref in self._refs.values()}
+                notes = {d: describe(self._devices[d], bus_id) for d, bus_id in passthrough}
+                for item in await self.passthrough().prepare(claim.uid, passthrough, published, notes):
+                    prepared[item.device] = item
+        except BaseException:
+            # One claim is all or nothing: compute modes this call set go back.
+            await self._restore_modes(claim, list(prepared.values()))
+            raise
         return [prepared[a.device] for a in devices]
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
-        """GPUs passed through go back to their driver; the others need nothing."""
+        """GPUs passed through go back to their driver; GPUs whose compute mode was set get their own back."""
+        await self._restore_modes(claim, prepared)
         await self.passthrough().unprepare(claim.uid, prepared)
 
+    async def _restore_modes(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
+        for item in prepared:
+            await asyncio.to_thread(self.modes.restore, claim.uid, item.device, item.restore.get("computeMode"))
+
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
-        """GPUs left on vfio-pci for claims no longer held go back to their driver."""
+        """GPUs left on vfio-pci, or in a compute mode set, for claims no longer held go back as they were."""
+        await asyncio.to_thread(self.modes.reconcile, held)
         await self.passthrough().reconcile(held)
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._modes is not None:
+            self._modes.close()
 
     def _discover(self) -> Inventory:
         return read_nvml(self.ctx.log, self._inventory)
@@ -71,15 +127,17 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         # GPUs whose MIG mode is unknown are reported here, not by nvidia-mig, so each fault shows once.
         warnings = [p.message for p in problems if not p.mig_enabled]
+        # A GPU nvidia-mig holds whole for a claim is out of MIG mode meanwhile, and still nvidia-mig's.
+        whole = held_whole(self.ctx.sysfs_root)
+        mine = [g for g in gpus if not g.mig_enabled and g.bus_id not in whole]
         devices: list[Device] = []
-        for gpu in gpus:
-            if gpu.mig_enabled:
-                continue  # its MIG devices are published by nvidia-mig
+        for gpu in mine:
             device, device_problems = self._device(gpu, system)
             devices.append(device)
             warnings.extend(device_problems)
-        self._minors = {device_name("gpu", g.bus_id): g.minor for g in gpus if not g.mig_enabled}
-        self._refs = {device_name("gpu", g.bus_id): DeviceRef(g.uuid, g.bus_id) for g in gpus if not g.mig_enabled}
+        self._minors = {device_name("gpu", g.bus_id): g.minor for g in mine}
+        self._refs = {device_name("gpu", g.bus_id): DeviceRef(g.uuid, g.bus_id) for g in mine}
+        self._devices = {d.name: d for d in devices}
         self.driver_version_seen(system.driver_version)
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
 

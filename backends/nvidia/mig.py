@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from backends.contract import (
     Allocated,
@@ -29,8 +30,11 @@ from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_dynamic import MigMaker, Offer, dynamic_devices
 from backends.nvidia.mig_edits import MigEdits
 from backends.nvidia.mig_ledger import MigLedger
+from backends.nvidia.mig_whole import WholeGpus
 from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
+from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.topology import PciTopology, device_name
+from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["NvidiaMigBackend", "mig_device_name"]
 
@@ -56,17 +60,22 @@ class NvidiaMigBackend(NvidiaBackend):
         self._offers: dict[str, Offer] = {}  # dynamic device name → what it is, from the last discovery
         self._existing: dict[str, tuple[int, int, int]] = {}  # static device → GPU minor, GPU and compute instance
         self._maker: MigMaker | None = None
+        self._whole: WholeGpus | None = None
+        self._modes: ComputeModes | None = None
         self._mig_edits: MigEdits | None = None
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)
         self._mig_edits = MigEdits(ctx.host_root)
+        self._modes = ComputeModes(ctx.state_dir, ctx.log)
         if ctx.state_dir is not None:
             ledger = MigLedger(ctx.state_dir / "mig-ledger.json")
             await asyncio.to_thread(ledger.load)
             for problem in ledger.problems:
                 ctx.log.error(problem)
             self._maker = MigMaker(ledger, self._mig_edits, ctx.log)
+            self._whole = WholeGpus(ctx.state_dir, ctx.sysfs_root, ctx.log)
+            await asyncio.to_thread(self._whole.load)
 
     @property
     def settings(self) -> MigBackendConfig:
@@ -74,37 +83,69 @@ class NvidiaMigBackend(NvidiaBackend):
         return self._config
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
-        """A static MIG device exists: the container gets its nodes. A dynamic one is made now."""
+        """A static MIG device exists: the container gets its nodes. A dynamic one is made now; a whole GPU leaves
+        MIG mode for the claim (see `mig_whole`)."""
         unknown = [a.device for a in devices if a.device not in self._offers and a.device not in self._existing]
         if unknown:
             raise PrepareError(f"{', '.join(unknown)} not found on this node (any more)")
+        whole = {a.device for a in devices if a.device in self._offers and self._offers[a.device].placement is None}
+        modes = {a.device: wanted_mode(a, mig_device=a.device not in whole) for a in devices}
         common = await self.common_edits(devices)
         prepared: list[Prepared] = []
+        attempted: list[Prepared] = []
         try:
             for allocated in devices:
+                attempted.append(Prepared(allocated.device, ContainerEdits()))
                 if allocated.device in self._existing:
                     assert self._mig_edits is not None
                     edits = await asyncio.to_thread(self._mig_edits.edits, *self._existing[allocated.device])
                     prepared.append(Prepared(allocated.device, edits, common))
                     continue
-                if self._maker is None:
+                if self._maker is None or self._whole is None:
                     raise PrepareError("dynamic MIG devices are made only by `dra-agent run`, which records them")
-                edits, restore = await asyncio.to_thread(self._maker.make, claim.uid, allocated.device,
-                                                         self._offers[allocated.device])
+                offer = self._offers[allocated.device]
+                if allocated.device in whole:
+                    prepared.append(await self._take_whole(claim, allocated.device, offer, modes, common))
+                    continue
+                edits, restore = await asyncio.to_thread(self._maker.make, claim.uid, allocated.device, offer)
                 prepared.append(Prepared(allocated.device, edits, common, restore))
         except BaseException:
-            # One claim is all or nothing: what this call made for it goes again.
-            await self.unprepare(claim, prepared)
+            # One claim is all or nothing: what this call made or changed for it goes again.
+            await self.unprepare(claim, attempted)
             raise
         return prepared
+
+    async def _take_whole(self, claim: ClaimRef, device: str, offer: Offer, modes: Mapping[str, int | None],
+                          common: ContainerEdits) -> Prepared:
+        """The whole GPU, out of MIG mode for the claim: its device node, and the compute mode asked for."""
+        assert self._whole is not None
+        minor = await asyncio.to_thread(self._whole.take, claim.uid, device, offer.bus_id)
+        restore: dict[str, Any] = {"wholeGpu": {"busId": offer.bus_id}}
+        mode = modes[device]
+        if mode is not None:
+            restore["computeMode"] = await asyncio.to_thread(self.modes.apply, claim.uid, device, offer.bus_id, mode)
+        return Prepared(device, ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{minor}"),)), common, restore)
+
+    @property
+    def modes(self) -> ComputeModes:
+        assert self._modes is not None
+        return self._modes
 
     async def stop(self) -> None:
         await super().stop()
         if self._maker is not None:
             self._maker.ledger.close()
+        if self._whole is not None:
+            self._whole.close()
+        if self._modes is not None:
+            self._modes.close()
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
-        """Destroy the MIG devices this agent made for claims the core no longer holds (its records were lost)."""
+        """Destroy the MIG devices this agent made for claims the core no longer holds (its records were lost);
+        GPUs held whole for such claims get their compute mode and MIG mode back."""
+        await asyncio.to_thread(self.modes.reconcile, held)
+        if self._whole is not None:
+            await asyncio.to_thread(self._whole.reconcile, held)
         if self._maker is None:
             return
         for entry in self._maker.ledger:
@@ -114,10 +155,13 @@ class NvidiaMigBackend(NvidiaBackend):
                 await asyncio.to_thread(self._maker.unmake, entry.claim, entry.device)
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
-        """Destroy the dynamic MIG devices made for the claim; static ones stay as they were."""
-        if self._maker is None:
+        """Destroy the dynamic MIG devices made for the claim; static ones stay as they were. A GPU held whole
+        gets its compute mode back, then MIG mode."""
+        if self._maker is None or self._whole is None:
             return
         for item in prepared:
+            await asyncio.to_thread(self.modes.restore, claim.uid, item.device, item.restore.get("computeMode"))
+            await asyncio.to_thread(self._whole.give_back, claim.uid, item.device)
             await asyncio.to_thread(self._maker.unmake, claim.uid, item.device)
 
     async def discover(self) -> Inventory:
@@ -130,6 +174,8 @@ class NvidiaMigBackend(NvidiaBackend):
 
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         warnings = [p.message for p in problems if p.mig_enabled]
+        # A GPU held whole for a claim is out of MIG mode until its unprepare: published as before meanwhile.
+        whole = self._whole.held() if self._whole is not None else frozenset()
         devices: list[Device] = []
         counter_sets: list[CounterSet] = []
         refs: dict[str, DeviceRef] = {}
@@ -137,7 +183,7 @@ class NvidiaMigBackend(NvidiaBackend):
         existing: dict[str, tuple[int, int, int]] = {}
         self.driver_version_seen(system.driver_version)
         for gpu in gpus:
-            if not gpu.mig_enabled:
+            if not gpu.mig_enabled and gpu.bus_id not in whole:
                 continue
             topology = self.ctx.topology.lookup(gpu.bus_id)
             warnings.extend(topology.problems)

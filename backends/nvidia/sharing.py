@@ -1,0 +1,166 @@
+"""GPU sharing: the compute mode a claim's `GpuConfig.sharing` asks for, set on its full GPUs at prepare and
+put back at unprepare.
+
+`TimeSlicing` is compute mode DEFAULT (every process of every container sharing the claim gets turns on the GPU;
+NVML offers no call for the length of a turn, so the driver's own applies); `ExclusiveProcess` is
+EXCLUSIVE_PROCESS. A MIG device has no compute mode of its own (NVML says NOT_SUPPORTED): its processes always
+take turns, so `TimeSlicing` asks for nothing there and `ExclusiveProcess` is refused. A claim with adminAccess
+watches a GPU another claim may hold and never changes its mode.
+
+Crash safety: the GPU's mode before the change is recorded in a journal in the backend's state directory (the
+intent) before NVML is asked to change it, and goes into the claim's restore record. Unprepare, the rollback of a
+prepare a crash cut short, and `reconcile` at start put the recorded mode back and drop the entry.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from structlog.typing import FilteringBoundLogger
+
+from backends.contract import Allocated, PrepareError
+from backends.journal import Journal
+from backends.nvidia.config import ExclusiveProcess, GpuConfig, TimeSlicing
+from backends.nvidia.nvml import NvmlError, nvml_session
+from backends.nvidia.nvml_compute import (
+    COMPUTE_MODE_NAMES,
+    DEFAULT,
+    EXCLUSIVE_PROCESS,
+    NO_PERMISSION,
+    NOT_FOUND,
+    compute_mode,
+    set_compute_mode,
+)
+
+__all__ = ["ComputeModes", "wanted_mode"]
+
+
+def wanted_mode(allocated: Allocated, mig_device: bool = False) -> int | None:
+    """The compute mode the device's configuration asks for; None: leave the GPU's mode as it is."""
+    config = allocated.config
+    sharing = config.sharing if isinstance(config, GpuConfig) else None
+    if sharing is None or allocated.admin_access:
+        return None
+    if mig_device:
+        if isinstance(sharing, ExclusiveProcess):
+            raise PrepareError(f"{allocated.device}: sharing strategy ExclusiveProcess needs a full GPU; a MIG "
+                               "device has no compute mode of its own (its processes always take turns)")
+        return None
+    return DEFAULT if isinstance(sharing, TimeSlicing) else EXCLUSIVE_PROCESS
+
+
+def _name(mode: int) -> str:
+    return COMPUTE_MODE_NAMES.get(mode, str(mode))
+
+
+class ComputeModes:
+    """The compute modes one backend set for claims, and its journal of the modes the GPUs had
+    (`<state_dir>/compute-modes.json`). Blocking (NVML, fsync): call from a worker thread; calls are serialised."""
+
+    def __init__(self, state_dir: Path | None, log: FilteringBoundLogger) -> None:
+        self._journal = Journal(state_dir / "compute-modes.json") if state_dir is not None else None
+        self._log = log
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded and self._journal is not None:
+            self._journal.load()
+            for problem in self._journal.problems:
+                self._log.error(problem)
+            self._loaded = True
+
+    def apply(self, claim: str, device: str, bus_id: str, mode: int) -> dict[str, Any]:
+        """Set the GPU at `bus_id` to `mode` for (claim, device), recording the mode it had first; the restore
+        record."""
+        if self._journal is None:
+            raise PrepareError("GPU sharing is set only by `dra-agent run`, which records the GPU's mode to put "
+                               "it back")
+        with self._lock, nvml_session():
+            self._load()
+            key = f"{claim}/{device}"
+            for other_key, other in self._journal:
+                if other_key != key and other["busId"] == bus_id:
+                    raise PrepareError(f"{device}: the compute mode of GPU {bus_id} is set for claim "
+                                       f"{other['claim']} already")
+            entry = self._journal.get(key)
+            try:
+                # An entry left by an attempt that did not finish knows the mode from before it.
+                original = entry["original"] if entry is not None else compute_mode(bus_id)
+                self._journal.put(key, {"claim": claim, "device": device, "busId": bus_id, "original": original})
+                if compute_mode(bus_id) != mode:
+                    set_compute_mode(bus_id, mode)
+            except NvmlError as e:
+                self._put_back(key)
+                hint = " (setting a compute mode needs root)" if e.code == NO_PERMISSION else ""
+                raise PrepareError(f"{device}: cannot set compute mode {_name(mode)} on GPU {bus_id}: "
+                                   f"{e}{hint}") from None
+        self._log.info("GPU compute mode set", device=device, claim=claim, gpu=bus_id, mode=_name(mode),
+                       original=_name(original))
+        return {"busId": bus_id, "original": original}
+
+    def restore(self, claim: str, device: str, record: Mapping[str, Any] | None = None) -> None:
+        """Put back the mode recorded for (claim, device) in the journal (or, failing that, in `record`, the
+        restore record); nothing to do when neither has one."""
+        with self._lock:
+            self._load()
+            key = f"{claim}/{device}"
+            entry = self._journal.get(key) if self._journal is not None else None
+            if entry is None and record:
+                entry = {"busId": record["busId"], "original": record["original"]}
+            if entry is None:
+                return
+            with nvml_session():
+                self._restore(key, device, entry)
+
+    def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
+        """Put back the modes set for claims the core no longer holds."""
+        with self._lock:
+            self._load()
+            if self._journal is None:
+                return
+            stale = [(k, e) for k, e in self._journal if e["device"] not in held.get(e["claim"], ())]
+            if not stale:
+                return
+            with nvml_session():
+                for key, entry in stale:
+                    self._log.warning("restoring a GPU compute mode set for a claim no longer prepared",
+                                      device=entry["device"], claim=entry["claim"], gpu=entry["busId"])
+                    self._restore(key, entry["device"], entry)
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+
+    def _restore(self, key: str, device: str, entry: Mapping[str, Any]) -> None:
+        bus_id, original = entry["busId"], entry["original"]
+        try:
+            if compute_mode(bus_id) != original:
+                set_compute_mode(bus_id, original)
+                self._log.info("GPU compute mode restored", device=device, gpu=bus_id, mode=_name(original))
+        except NvmlError as e:
+            if e.code != NOT_FOUND:  # the journal keeps the entry: the next unprepare or start tries again
+                raise PrepareError(f"{device}: cannot restore compute mode {_name(original)} on GPU {bus_id}: "
+                                   f"{e}") from None
+            self._log.warning("GPU gone: its compute mode is not restored", device=device, gpu=bus_id)
+        if self._journal is not None:
+            self._journal.remove(key)
+
+    def _put_back(self, key: str) -> None:
+        """After a failed change: the mode the GPU had, if NVML still answers; the entry goes either way only when
+        that worked."""
+        assert self._journal is not None
+        entry = self._journal.get(key)
+        if entry is None:
+            return
+        try:
+            if compute_mode(entry["busId"]) != entry["original"]:
+                set_compute_mode(entry["busId"], entry["original"])
+        except NvmlError as e:
+            self._log.error("cannot put a GPU's compute mode back after a failed prepare", gpu=entry["busId"],
+                            error=str(e))
+            return
+        self._journal.remove(key)
