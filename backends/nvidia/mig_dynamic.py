@@ -99,9 +99,8 @@ class MigMaker:
         """The MIG device for (claim, device), made now or found made by an earlier call; its container edits and
         its restore record."""
         placement = offer.placement
-        if placement is None:
-            raise PrepareError("a whole GPU in MIG mode: allocating it whole is not supported; "
-                               "allocate one of its MIG devices")
+        if placement is None:  # the whole GPU is taken out of MIG mode instead (`mig_whole`), not made
+            raise PrepareError(f"{device} is a whole GPU, not a MIG device to make")
         with self._lock, nvml_session():
             entry = self.ledger.get(claim, device)
             if entry is not None and entry.compute_instance is not None and not self._exists(entry):
