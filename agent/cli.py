@@ -104,11 +104,31 @@ def build_parser() -> argparse.ArgumentParser:
                        help="health causes whose device taint evicts pods (NoExecute), e.g. gpu-lost,xid; "
                             "others taint NoSchedule")
     run.set_defaults(handler=run_command, output=None)
+
+    demo = commands.add_parser(
+        "demo", help="show the path of a claim on simulated nodes, end to end",
+        description="Start a test API server, dra-agent on simulated nodes, a kubelet simulator and a small "
+                    "allocator, and run scenarios that show a claim's whole path: published devices, allocation "
+                    "and why, prepare and its CDI spec, a device failure, unprepare. Exit 0 only if every step "
+                    "behaved.",
+    )
+    demo.add_argument("--profile", metavar="PROFILE",
+                      help="node profile (built-in name or YAML file) of the main node; alone, a tour of its devices")
+    demo.add_argument("--scenario", dest="scenarios", action="append", default=[], metavar="NAME",
+                      help="run this scenario (repeatable): readiness, all-gpus, aligned-nic, mig, vfio, health, "
+                           "tour (default: all but tour)")
+    demo.add_argument("--keep", type=Path, metavar="DIR", help="keep the nodes' files (agent logs, CDI specs) here")
+    demo.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour (auto: on a TTY)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from agent.demo import main as demo_main
+
+        color = {"auto": None, "always": True, "never": False}[args.color]
+        return demo_main(args.profile, args.scenarios, color=color, keep=args.keep)
     flags = {key: getattr(args, key, None) for key in _SETTING_FLAGS}
     config = args.config or os.environ.get(f"{ENV_PREFIX}CONFIG")
     try:

@@ -1,0 +1,92 @@
+"""How the demo tells its story: headings, plain sentences, tables, indented documents and checked outcomes.
+
+Colour only on a terminal (and never with NO_COLOR set); the text reads the same without it. Every `check`
+that fails is remembered, so the demo can exit non-zero when a step did not behave.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+
+_RESET = "\033[0m"
+_STYLES = {"title": "\033[1;36m", "heading": "\033[1m", "ok": "\033[32m", "fail": "\033[1;31m",
+           "dim": "\033[2m", "note": "\033[33m"}
+
+
+class Story:
+    """The demo's output stream and the failures seen so far."""
+
+    def __init__(self, out: TextIO, *, color: bool | None = None, width: int | None = None) -> None:
+        self.out = out
+        if color is None:
+            color = out.isatty() and "NO_COLOR" not in os.environ
+        self.color = color
+        self.width = min(width or shutil.get_terminal_size((100, 24)).columns, 110)
+        self.failures: list[str] = []
+        self.section = ""
+        self.checks: dict[str, list[tuple[bool, str]]] = {}
+        """Every checked outcome, by the heading it came under."""
+
+    def _style(self, style: str, text: str) -> str:
+        return f"{_STYLES[style]}{text}{_RESET}" if self.color else text
+
+    def _print(self, text: str = "") -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def title(self, text: str) -> None:
+        self._print(self._style("title", text))
+        self._print(self._style("title", "=" * min(len(text), self.width)))
+
+    def heading(self, text: str) -> None:
+        self.section = text
+        self._print()
+        self._print(self._style("heading", text))
+        self._print(self._style("heading", "-" * min(len(text), self.width)))
+
+    def say(self, text: str) -> None:
+        """A paragraph, wrapped to the terminal."""
+        self._print(textwrap.fill(" ".join(text.split()), self.width))
+
+    def step(self, text: str) -> None:
+        self._print()
+        self._print(textwrap.fill(" ".join(text.split()), self.width, initial_indent="▸ ", subsequent_indent="  "))
+
+    def detail(self, text: str) -> None:
+        self._print(textwrap.fill(text, self.width, initial_indent="    ", subsequent_indent="      "))
+
+    def note(self, text: str) -> None:
+        self._print(self._style("note", textwrap.fill(" ".join(text.split()), self.width, initial_indent="  note: ",
+                                                      subsequent_indent="        ")))
+
+    def document(self, obj: Any, *, indent: int = 4) -> None:
+        """A Kubernetes object or CDI spec as YAML, indented."""
+        text = yaml.safe_dump(obj, sort_keys=False, width=self.width - indent, default_flow_style=None)
+        self._print(textwrap.indent(text.rstrip("\n"), " " * indent))
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: int = 4) -> None:
+        cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+        pad = " " * indent
+        self._print(pad + self._style("dim", "  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True))))
+        for row in cells[1:]:
+            self._print(pad + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+    def check(self, holds: bool, what: str, *, otherwise: str = "") -> bool:
+        """An expected outcome: ✓ when it holds, ✗ (remembered as a failure) when not."""
+        self.checks.setdefault(self.section, []).append((holds, what))
+        if holds:
+            self._print(self._style("ok", f"  ✓ {what}"))
+        else:
+            self.failures.append(what + (f": {otherwise}" if otherwise else ""))
+            self._print(self._style("fail", f"  ✗ {what}" + (f"; instead: {otherwise}" if otherwise else "")))
+        return holds
+
+    def fail(self, what: str) -> None:
+        self.check(False, what)

@@ -1,0 +1,148 @@
+"""`dra-agent demo` end to end: the seed scenarios on real agents, API server, kubelet simulator and allocator,
+each scenario checked by what it showed; the command's exit status; the DeviceClasses it uses."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.demo import SCENARIOS, SEEDS, plan_for, run_demo
+from agent.demo_claims import device_classes
+from agent.demo_cluster import DemoError
+from agent.demo_story import Story
+from tests.agent_env import memory_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.xdist_group("demo")
+
+
+class Told:
+    """A finished demo run: its exit status, its text and its checked steps by section."""
+
+    def __init__(self, code: int, story: Story, text: str) -> None:
+        self.code = code
+        self.text = text
+        self.checks = story.checks
+
+    def section(self, scenario: str) -> list[tuple[bool, str]]:
+        """The checks under the scenario's numbered heading."""
+        title = SCENARIOS[scenario].title
+        (found,) = [checks for heading, checks in self.checks.items() if heading.partition(". ")[2] == title]
+        return found
+
+    def passed(self, scenario: str) -> list[str]:
+        checks = self.section(scenario)
+        failed = [what for ok, what in checks if not ok]
+        assert not failed, f"{scenario}: {failed}\n{self.text}"
+        return [what for _, what in checks]
+
+
+def tell(scenarios: tuple[str, ...], profile: str | None = None) -> Told:
+    out = io.StringIO()
+    story = Story(out, color=False, width=110)
+    with memory_dir("dra-demo-t-") as folder:
+        code = asyncio.run(run_demo(plan_for(profile, scenarios), story, workdir=folder))
+    return Told(code, story, out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def seeds() -> Iterator[Told]:
+    """The demo's default run, once for the module: every seed scenario on five simulated nodes."""
+    yield tell(SEEDS)
+
+
+def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
+    assert seeds.code == 0, seeds.text
+    assert [h for h in seeds.checks if h[0].isdigit()] == [
+        "1. Node readiness", "2. One compute class, many GPU nodes", "3. A big GPU with an aligned NIC",
+        "4. MIG devices made to order", "5. A GPU and a VF handed to a VM and returned",
+        "6. A GPU fails during a running claim"]
+    assert "every step behaved" in seeds.text
+
+
+def test_f_every_node_is_ready_with_complete_pools(seeds: Told) -> None:
+    checks = seeds.passed("readiness")
+    assert len(checks) == 5, "one line per node"
+    assert any(c.startswith("dgx-h100: 2 pool(s) complete and registered") for c in checks)
+    assert any(c.startswith("gke-n1-p4x4: 1 pool(s) complete") for c in checks)
+
+
+def test_a_one_all_claim_gets_each_gke_shapes_gpus(seeds: Told) -> None:
+    checks = seeds.passed("all-gpus")
+    for expected in ("2 x Tesla T4", "1 x NVIDIA L4", "4 x Tesla P4"):
+        assert expected in checks
+    assert sum(c.startswith("prepared on gke-") for c in checks) == 3
+    assert seeds.text.count("unprepared: the CDI specs are gone") >= 3
+
+
+def test_b_gpu_and_vf_share_a_root_or_a_switch_or_the_claim_waits_and_says_why(seeds: Told) -> None:
+    checks = seeds.passed("aligned-nic")
+    assert "not allocated: no GPU has 80Gi" in checks
+    assert any(c.startswith("GPU and VF under one root complex: pci0000:") for c in checks)
+    assert any(c.startswith("GPU and VF under one PCIe switch: 0000:") for c in checks)
+    assert "not allocated, and the allocator names the unmet pcieRoot constraint" in checks
+
+
+def test_c_seven_1g_devices_fill_a_gpu_the_eighth_waits_and_a_7g_fits_after(seeds: Told) -> None:
+    checks = seeds.passed("mig")
+    assert checks == [
+        "the GPU holds seven 1g.10gb GPU instances, at placements 0-6",
+        "not allocated: every other placement needs memory or compute slices the seven hold",
+        "every MIG device is destroyed: nothing leaked",
+        "prepared: the GPU is reused as one 7g.80gb device",
+        "unprepared: the CDI specs are gone",
+        "and destroyed again at unprepare",
+    ]
+
+
+def test_d_a_gpu_and_a_vf_go_to_vfio_pci_and_back(seeds: Told) -> None:
+    checks = seeds.passed("vfio")
+    assert "both devices are bound to vfio-pci" in checks
+    assert "the container gets /dev/vfio/vfio and the groups' nodes" in checks
+    assert any(c.startswith("the original drivers are back: 0000:") and "nvidia" in c and "mlx5_core" in c
+               for c in checks)
+
+
+def test_e_a_failed_gpu_is_reported_tainted_refused_and_recovers(seeds: Told) -> None:
+    checks = seeds.passed("health")
+    assert any("is UNHEALTHY: Xid 79: GPU has fallen off the bus" in c for c in checks)
+    assert any(c.startswith("its ResourceSlice carries the taint gpu.nvidia.com/xid=79:NoSchedule") for c in checks)
+    assert "not allocated: the claim does not tolerate the taint" in checks
+    assert "the taint is gone from the ResourceSlice" in checks
+    assert any(c.startswith("the waiting claim now gets gpu-") for c in checks)
+
+
+def test_the_command_tours_a_node_and_fails_when_a_scenario_cannot_hold_there(tmp_path: Path) -> None:
+    # A GKE L4 node: the tour prepares its GPU; it has no RDMA VF, so the aligned claim cannot be allocated, which
+    # the demo must call a failure.
+    done = subprocess.run([sys.executable, "-m", "agent", "demo", "--profile", "gke-g2-l4", "--scenario", "tour",
+                           "--scenario", "aligned-nic", "--color", "never"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    sections = dict(re.findall(r"^\d\. (.+)\n-+\n(.*?)(?=^\d\. |^Summary)", done.stdout, re.M | re.S))
+    tour, aligned = sections["One device of every driver"], sections["A big GPU with an aligned NIC"]
+    assert "✓ NodePrepareResources on gke-g2-l4 succeeded for gpu.nvidia.com" in tour
+    assert "✗" not in tour
+    assert "✗" in aligned
+    assert "1 step(s) did not behave" in done.stdout or "2 step(s) did not behave" in done.stdout
+    assert "\033[" not in done.stdout, "no colour when asked for none"
+
+
+def test_an_unknown_scenario_is_refused_with_the_choices() -> None:
+    with pytest.raises(DemoError, match=r"unknown scenario.*choose from readiness, all-gpus"):
+        plan_for(None, ["bogus"])
+
+
+def test_the_demo_uses_the_device_classes_the_project_ships() -> None:
+    shipped = [d for d in yaml.safe_load_all((ROOT / "deploy/30-deviceclasses.yaml").read_text()) if d]
+    assert device_classes() == shipped
+    assert {c["metadata"]["name"] for c in shipped} >= {"gpu.nvidia.com", "mig.nvidia.com",
+                                                        "rdma-vf.sriov.dra-agent.io", "vf.sriov.dra-agent.io"}
