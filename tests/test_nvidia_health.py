@@ -238,6 +238,46 @@ async def test_a_gpu_lost_before_watching_begins_is_reported_at_once(t4x2: Simul
         await stream.aclose()
 
 
+async def test_a_lost_gpu_stays_published_through_a_rediscovery_until_its_reset(
+        sim_node: Callable[[str], SimulatedNode], fast_waits: None) -> None:
+    # Another device's hot-plug makes the backends discover again while a GPU is off the bus: the GPU must not
+    # leave the slices (its reset sends no hot-plug event to bring it back), whole or in MIG devices.
+    node = sim_node("mixed")  # GPU 0 whole, GPU 1 in MIG mode with three instances
+    async with watching(node, NvidiaGpuBackend, NvidiaMigBackend, recheckSeconds=3600) as w:
+        gpu_backend = w.backends[0]
+        before = {b.name: await b.discover() for b in w.backends}
+        node.nvml.inject_xid(0, 79)
+        node.nvml.inject_xid(1, 79)
+        await w.collect(4)
+        during = {b.name: await b.discover() for b in w.backends}
+        for name in ("nvidia-gpu", "nvidia-mig"):
+            assert during[name].devices == before[name].devices, f"{name} keeps the lost GPU's devices as they were"
+        assert [x for x in during["nvidia-gpu"].warnings if "lost" in x] == [
+            "GPU 0: nvmlDeviceGetHandleByIndex failed: GPU is lost; its devices stay published as last seen until "
+            "it answers NVML again"]
+        assert any("GPU 1: " in x and "stay published" in x for x in during["nvidia-mig"].warnings)
+        assert [m for m in gpu_backend._minors] == [w.gpu(0)], "prepare still knows the device node"
+        node.nvml.reset_gpu(0)
+        node.nvml.reset_gpu(1)
+        after = {b.name: await b.discover() for b in w.backends}
+        assert after["nvidia-gpu"].devices == before["nvidia-gpu"].devices
+        assert after["nvidia-mig"].devices == before["nvidia-mig"].devices
+        assert not [x for x in after["nvidia-gpu"].warnings + after["nvidia-mig"].warnings if "lost" in x]
+
+
+async def test_a_gpu_lost_before_the_first_discovery_is_left_out_with_the_reason(t4x2: SimulatedNode) -> None:
+    t4x2.nvml.set_lost(0)
+    backend = NvidiaGpuBackend()
+    ctx = BackendContext(t4x2.sysfs, t4x2.dev, t4x2.root, TopologyReader(t4x2.sysfs), {}, structlog.get_logger())
+    await backend.start(ctx)
+    try:
+        inventory = await backend.discover()
+        assert [d.name for d in inventory.devices] == [device_name("gpu", t4x2.nvml.gpus[1].bus_id)]
+        assert "GPU 0: nvmlDeviceGetHandleByIndex failed: GPU is lost; left out" in inventory.warnings
+    finally:
+        await backend.stop()
+
+
 async def test_nvml_failing_makes_every_gpu_unknown_until_it_works(t4x2: SimulatedNode) -> None:
     async with watching(t4x2, NvidiaGpuBackend, recheckSeconds=0.2) as w:
         t4x2.nvml.gpus[1].faults["nvmlEventSetWait_v2"] = 999

@@ -15,6 +15,7 @@ from backends.contract import (
     Allocated,
     AttributeValue,
     BackendContext,
+    Device,
     DevicesChanged,
     HealthEvent,
     Inventory,
@@ -151,3 +152,20 @@ def gpu_attributes(gpu: GpuInfo, system: SystemInfo) -> tuple[dict[str, Attribut
     cuda = system.cuda_driver_version
     attrs["cudaDriverVersion"] = Version(f"{cuda // 1000}.{cuda % 1000 // 10}.0")
     return attrs, problems
+
+
+def kept_while_lost(published: Mapping[str, Device], problems: Sequence[GpuProblem],
+                    index_attribute: str) -> tuple[list[Device], list[str]]:
+    """The devices last published on GPUs NVML now reports lost, and a warning per such GPU.
+
+    A GPU that fell off the bus is still in the machine and comes back with a reset; its health events have
+    already marked its devices unhealthy (and tainted them). Left out of a discovery that happens meanwhile,
+    they would leave the slices and stay away after the reset, which sends no hot-plug event to find them
+    again; so they stay as they were last seen. `index_attribute` names the attribute holding the GPU's index.
+    """
+    lost = {p.index: p for p in problems if p.lost}
+    kept = [d for d in published.values() if d.attributes.get(index_attribute) in lost]
+    held = {d.attributes.get(index_attribute) for d in kept}
+    warnings = [f"{lost[i].message.removesuffix('; left out')}; its devices stay published as last seen until it "
+                "answers NVML again" for i in sorted(lost) if i in held]
+    return kept, warnings

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.contract import Allocated, BackendContext, ClaimRef, Device, Inventory, Prepared, PrepareError
-from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost, read_nvml
 from backends.nvidia.config import GpuConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_whole import held_whole
@@ -33,6 +33,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         self._minors: dict[str, int] = {}  # device name → N of /dev/nvidiaN, from the last discovery
         self._refs: dict[str, DeviceRef] = {}  # device name → its GPU, from the last discovery
         self._devices: dict[str, Device] = {}  # device name → what was published, from the last discovery
+        self._mig_gpus: set[int] = set()  # indexes of GPUs left to nvidia-mig, from the last discovery
         self._modes: ComputeModes | None = None
 
     async def start(self, ctx: BackendContext) -> None:
@@ -125,18 +126,26 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         return read_nvml(self.ctx.log, self._inventory)
 
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
-        # GPUs whose MIG mode is unknown are reported here, not by nvidia-mig, so each fault shows once.
-        warnings = [p.message for p in problems if not p.mig_enabled]
+        kept, lost_warnings = kept_while_lost(self._devices, problems, "index")
+        # GPUs whose MIG mode is unknown are reported here, not by nvidia-mig, so each fault shows once; but a lost
+        # GPU last seen in MIG mode is nvidia-mig's to report (and to keep).
+        quiet = {d.attributes.get("index") for d in kept} | {p.index for p in problems if p.lost} & self._mig_gpus
+        warnings = [p.message for p in problems if not p.mig_enabled and p.index not in quiet] + lost_warnings
         # A GPU nvidia-mig holds whole for a claim is out of MIG mode meanwhile, and still nvidia-mig's.
         whole = held_whole(self.ctx.sysfs_root)
         mine = [g for g in gpus if not g.mig_enabled and g.bus_id not in whole]
+        lost = {p.index for p in problems if p.lost}
+        self._mig_gpus = {g.index for g in gpus if g not in mine} | lost & self._mig_gpus
         devices: list[Device] = []
         for gpu in mine:
             device, device_problems = self._device(gpu, system)
             devices.append(device)
             warnings.extend(device_problems)
-        self._minors = {device_name("gpu", g.bus_id): g.minor for g in mine}
-        self._refs = {device_name("gpu", g.bus_id): DeviceRef(g.uuid, g.bus_id) for g in mine}
+        self._minors = {device_name("gpu", g.bus_id): g.minor for g in mine} | {
+            d.name: self._minors[d.name] for d in kept if d.name in self._minors}
+        self._refs = {device_name("gpu", g.bus_id): DeviceRef(g.uuid, g.bus_id) for g in mine} | {
+            d.name: self._refs[d.name] for d in kept if d.name in self._refs}
+        devices.extend(kept)
         self._devices = {d.name: d for d in devices}
         self.driver_version_seen(system.driver_version)
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))

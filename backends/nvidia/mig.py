@@ -24,7 +24,7 @@ from backends.contract import (
     Prepared,
     PrepareError,
 )
-from backends.nvidia.common import NvidiaBackend, gpu_attributes, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost, read_nvml
 from backends.nvidia.config import GpuConfig, MigBackendConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_dynamic import MigMaker, Offer, dynamic_devices
@@ -59,6 +59,8 @@ class NvidiaMigBackend(NvidiaBackend):
         self._refs: dict[str, DeviceRef] = {}  # device name → its parent GPU and instance, from the last discovery
         self._offers: dict[str, Offer] = {}  # dynamic device name → what it is, from the last discovery
         self._existing: dict[str, tuple[int, int, int]] = {}  # static device → GPU minor, GPU and compute instance
+        self._devices: dict[str, Device] = {}  # device name → what was published, from the last discovery
+        self._counter_sets: dict[str, CounterSet] = {}  # name → counter set published, from the last discovery
         self._maker: MigMaker | None = None
         self._whole: WholeGpus | None = None
         self._modes: ComputeModes | None = None
@@ -216,9 +218,23 @@ class NvidiaMigBackend(NvidiaBackend):
                 devices.append(device)
                 refs[device.name] = DeviceRef(gpu.uuid, gpu.bus_id, mig.gpu_instance_id, mig.compute_instance_id)
                 existing[device.name] = (gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
+        kept, lost_warnings = kept_while_lost(self._devices, problems, "parentIndex")
+        warnings.extend(lost_warnings)
+        for device in kept:
+            devices.append(device)
+            if device.name in self._refs:
+                refs[device.name] = self._refs[device.name]
+            if device.name in self._offers:
+                offers[device.name] = self._offers[device.name]
+            if device.name in self._existing:
+                existing[device.name] = self._existing[device.name]
+        used = {c.counter_set for d in kept for c in d.consumes_counters}
+        counter_sets.extend(self._counter_sets[name] for name in sorted(used) if name in self._counter_sets)
         self._refs = refs
         self._offers = offers
         self._existing = existing
+        self._devices = {d.name: d for d in devices}
+        self._counter_sets = {c.name: c for c in counter_sets}
         return Inventory(devices=tuple(devices), counter_sets=tuple(counter_sets), warnings=tuple(warnings))
 
     def _device(self, mig: MigInfo, system: SystemInfo, topology: PciTopology, warnings: list[str]) -> Device:

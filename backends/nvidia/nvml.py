@@ -134,6 +134,7 @@ class GpuProblem:
     index: int
     mig_enabled: bool | None
     message: str
+    lost: bool = False  # NVML says the GPU is lost (fallen off the bus): it is still there, unusable until reset
 
 
 def list_gpus() -> tuple[list[GpuInfo], list[GpuProblem]]:
@@ -146,7 +147,8 @@ def list_gpus() -> tuple[list[GpuInfo], list[GpuProblem]]:
         try:
             gpus.append(_gpu(index, mig_mode))
         except (NvmlError, TopologyError) as e:
-            problems.append(GpuProblem(index, mig_mode[0] if mig_mode else None, f"GPU {index}: {e}; left out"))
+            lost = isinstance(e, NvmlError) and e.code == pynvml.NVML_ERROR_GPU_IS_LOST
+            problems.append(GpuProblem(index, mig_mode[0] if mig_mode else None, f"GPU {index}: {e}; left out", lost))
     return gpus, problems
 
 
