@@ -264,19 +264,17 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
     # -- enumeration ---------------------------------------------------------------------------------
 
     def _listed(self) -> list[int]:
-        """Positions of the GPUs NVML lists, in its order: with `sysfs_root` set, those the nvidia driver holds."""
+        """Positions of the GPUs NVML lists, in its order: with `sysfs_root` set, those the nvidia driver holds (one
+        read of the driver's folder, which links every function bound to it). A GPU gone from the bus stays listed,
+        as lost (see `set_lost`)."""
         if self.sysfs_root is None:
             return list(range(len(self._gpus)))
-        return [i for i, gpu in enumerate(self._gpus) if self._held_by_nvidia(gpu.bus_id)]
-
-    def _held_by_nvidia(self, bus_id: str) -> bool:
-        assert self.sysfs_root is not None
-        folder = self.sysfs_root / "bus/pci/devices" / bus_id
         try:
-            return os.path.basename(os.readlink(folder / "driver")) == _NVIDIA_DRIVER
+            bound = set(os.listdir(self.sysfs_root / "bus/pci/drivers" / _NVIDIA_DRIVER))
         except FileNotFoundError:
-            # Unbound, or gone from the bus: a removed GPU stays listed, as lost (see `set_lost`).
-            return not folder.is_dir()
+            bound = set()
+        devices = self.sysfs_root / "bus/pci/devices"
+        return [i for i, gpu in enumerate(self._gpus) if gpu.bus_id in bound or not (devices / gpu.bus_id).is_dir()]
 
     @api
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
