@@ -218,3 +218,21 @@ async def test_at_start_a_gpu_held_whole_for_a_claim_no_longer_held_goes_back_to
         finally:
             await first.stop()
             await second.stop()
+
+
+async def test_an_admin_access_claim_of_the_whole_gpu_leaves_its_mig_mode_alone(scratch: Path) -> None:
+    profile = dgx_h100_in_mig_mode(scratch)
+    async with agent_in_process(scratch, str(profile), backend_config=DYNAMIC) as env, \
+            KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await kubelet.wait_for_plugin(GPU)
+        claim = allocate(env.server, "watcher", [("gpu", GPU, WHOLE)])
+        stored = env.server.objects("resourceclaims")[0]
+        stored["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+        env.server.put_claim(stored)
+        assert (await plugin.prepare([claim]))[claim.uid].error == ""
+        spec = yaml.safe_load(next(env.settings.cdi_dir.glob(f"*{claim.uid}*")).read_text())
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+        assert simulated_nvml().mig_mode(0) == (True, True)
+        assert whole_journal(env.settings.state_dir) == {}
+        assert (await plugin.unprepare([claim]))[claim.uid] == ""
+        assert simulated_nvml().mig_mode(0) == (True, True)
