@@ -127,7 +127,7 @@ def test_the_command_tours_a_node_and_fails_when_a_scenario_cannot_hold_there(tm
                            "--scenario", "aligned-nic", "--color", "never"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
-    sections = dict(re.findall(r"^\d\. (.+)\n-+\n(.*?)(?=^\d\. |^Summary)", done.stdout, re.M | re.S))
+    sections = dict(re.findall(r"^\d\. ([^\n]+)\n-+\n(.*?)(?=^\d\. |^Summary)", done.stdout, re.M | re.S))
     tour, aligned = sections["One device of every driver"], sections["A big GPU with an aligned NIC"]
     assert "✓ NodePrepareResources on gke-g2-l4 succeeded for gpu.nvidia.com" in tour
     assert "✗" not in tour
