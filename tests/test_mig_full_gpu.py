@@ -142,6 +142,11 @@ async def test_a_pending_mode_change_mig_devices_or_processes_refuse_the_whole_g
         _, error = await prepare(plugin, env, "pending", other)
         assert "GPU 0000:3a:00.0 has a MIG mode change pending a GPU reset" in error
         assert "dra-agent never resets GPUs" in error
+
+        nvml.gpus[3].mig_enabled = nvml.gpus[3].mig_pending = False  # an operator took it out of MIG mode
+        _, error = await prepare(plugin, env, "left", "gpu-0000-3e-00-0")
+        assert "GPU 0000:3e:00.0 left MIG mode outside dra-agent" in error
+        assert nvml.mig_mode(3) == (False, False), "not turned on by a claim that never turned it off"
         assert whole_journal(env.settings.state_dir) == {}
 
 

@@ -79,20 +79,25 @@ class WholeGpus:
         with self._lock, nvml_session():
             try:
                 mode = mig_mode(bus_id)
-                if self._journal.get(key) is None or mode.enabled:
-                    self._check(bus_id, mode.pending, mode.resetless)
-                    if mode.enabled and gpu_instance_count(bus_id):
-                        raise PrepareError(f"GPU {bus_id} has MIG devices; it can be used whole only when it has "
-                                           "none")
-                    # The intent first: from here on a crash leaves a record that MIG mode may be off and is ours.
-                    self._journal.put(key, {"claim": claim, "device": device, "busId": bus_id})
-                    self._hold(bus_id, True)
-                    failpoint("mig-whole-after-intent")
-                    if mode.enabled:
-                        self._switch_off(key, bus_id)
-                        failpoint("mig-whole-after-mode-off")
-                        self._log.info("MIG mode turned off for a claim of the whole GPU", device=device,
-                                       claim=claim, gpu=bus_id)
+                if self._journal.get(key) is not None and not mode.enabled:
+                    return minor_number(bus_id)  # taken for this claim by an earlier call
+                for other_key, other in self._journal:
+                    if other_key != key and other["busId"] == bus_id:
+                        raise PrepareError(f"GPU {bus_id} is held whole for claim {other['claim']} already")
+                if not mode.enabled:
+                    raise PrepareError(f"GPU {bus_id} left MIG mode outside dra-agent; it is offered again as a "
+                                       "full GPU at the next discovery")
+                self._check(bus_id, mode.pending, mode.resetless)
+                if gpu_instance_count(bus_id):
+                    raise PrepareError(f"GPU {bus_id} has MIG devices; it can be used whole only when it has none")
+                # The intent first: from here on a crash leaves a record that MIG mode may be off and is ours.
+                self._journal.put(key, {"claim": claim, "device": device, "busId": bus_id})
+                self._hold(bus_id, True)
+                failpoint("mig-whole-after-intent")
+                self._switch_off(key, bus_id)
+                failpoint("mig-whole-after-mode-off")
+                self._log.info("MIG mode turned off for a claim of the whole GPU", device=device, claim=claim,
+                               gpu=bus_id)
                 return minor_number(bus_id)
             except NvmlError as e:
                 self._give_back_quietly(key)
