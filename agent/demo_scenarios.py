@@ -21,6 +21,7 @@ from agent.testing.allocation import Unallocatable
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
 PCIE_ROOT, PCIE_SWITCH = "resource.kubernetes.io/pcieRoot", "dra-agent.io/pcieSwitch"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 # What "one compute class, many GPU nodes" must give on each GKE shape: the GPU count and product name.
 GKE_NODES = (("gke-n1-t4x2", 2, "Tesla T4"), ("gke-g2-l4", 1, "NVIDIA L4"), ("gke-n1-p4x4", 4, "Tesla P4"))
 
@@ -39,6 +40,17 @@ async def readiness(cluster: DemoCluster, story: Story, nodes: Sequence[DemoNode
             rows.append([node.name, node.profile.rsplit("/", 1)[-1], driver, len(slices), devices, counters,
                          f"{node.ready_after:.2f} s" if node.ready_after is not None else "-"])
     story.table(["node", "profile", "driver", "slices", "devices", "counter sets", "ready after"], rows)
+    story.step("A few of the published devices, with attributes the claims below select on (every PCI device "
+               "gets the same topology attributes, whatever its driver):")
+    sample = []
+    for node in nodes:
+        for driver in node.ready_drivers:
+            for device in cluster.devices(node.name, driver)[:2]:
+                values = [attribute(device, a) for a in ("type", "productName", "pfName", PCIE_ROOT, PCIE_SWITCH,
+                                                         NUMA_NODE)]
+                kind, product, pf, *topology = ("" if v is None else str(v) for v in values)
+                sample.append([node.name, device["name"], kind, product or pf, *topology])
+    story.table(["node", "device", "type", "product / PF", "pcieRoot", "pcieSwitch", "numaNode"], sample)
     for node in nodes:
         complete = [d for d in node.ready_drivers if cluster.pool_complete(node.name, d)]
         registered = [d for d in node.ready_drivers if node.kubelet is not None and node.kubelet.plugins(d)]
