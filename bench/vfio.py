@@ -13,7 +13,7 @@ and each wait for the driver link to change (the kernel's reaction, seen by poll
 agent's overhead of a call is its latency at the kubelet minus that sysfs time, call by call. Before each cycle
 the benchmark waits for the agent to be idle (see `quiet`).
 
-    python bench/vfio.py [--cycles 300]
+    python bench/vfio.py [--cycles 200]
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-async def quiet(pid: int) -> None:
+async def quiet(pid: int, settle: float) -> None:
     """Wait for the agent to finish what the last cycle set off after its answers: the driver changes' uevents
-    make it discover its devices again (after 0.2 s of quiet), and a device is out of its inventory while it is
-    away from its own driver. Quiet: no CPU time used for 0.15 s."""
-    await asyncio.sleep(0.25)
+    make it discover its devices again (once they have stopped for 0.2 s: `settle`), and a device is out of its
+    inventory while it is away from its own driver. Quiet: no CPU time used for 0.15 s."""
+    await asyncio.sleep(settle)
     last, still = cpu_ticks(pid), 0
     for _ in range(100):
         await asyncio.sleep(0.05)
@@ -80,7 +80,7 @@ async def quiet(pid: int) -> None:
 async def run_cycles(server: TestApiServer, plugin: Plugin, calls: Calls, devices: Sequence[str], cycles: int,
                      vfio: bool, pid: int) -> None:
     for i in range(WARM_UP + cycles):
-        await quiet(pid)
+        await quiet(pid, 0.25 if vfio else 0)
         name = f"{calls.name.lower().replace(' ', '-')}-{i}"
         ref = allocate(server, name, [("dev", plugin.driver, devices[i % len(devices)])],
                        config_for(plugin.driver) if vfio else None)
@@ -129,7 +129,7 @@ def report(calls: Calls, within: Callable[[str, float, float], list[float]]) -> 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=300)
+    parser.add_argument("--cycles", type=int, default=200)
     args = parser.parse_args()
     print(conditions())
     disk = Path(tempfile.mkdtemp(prefix="dra-bench-vfio-", dir="/var/tmp"))
