@@ -7,10 +7,9 @@ from typing import Any
 
 from agent.demo_claims import attribute, claim_spec, request, show_allocation
 from agent.demo_cluster import DemoCluster
-from agent.demo_scenarios import GPU, show_reasons, unprepare_and_release
+from agent.demo_scenarios import GPU, expect_refusal, unprepare_and_release
 from agent.demo_story import Story
 from agent.kubelet_api import HealthStatus
-from agent.testing.allocation import Unallocatable
 from agent.testing.kubelet import HealthView
 
 # The agent re-checks an unwell GPU this often (seconds); the demo's nodes use a short period so a reset is
@@ -80,13 +79,9 @@ async def gpu_failure(cluster: DemoCluster, story: Story, node: str) -> None:
         f'device.attributes["resource.kubernetes.io"].pciBusID == "{bus_id}"']))
     cluster.create_claim("next-job", same_gpu)
     story.step("A new claim for that same GPU:")
-    try:
-        await cluster.allocate("next-job", node)
-        story.fail("a tainted GPU was allocated to a claim without a toleration")
-    except Unallocatable as e:
-        show_reasons(story, e)
-        story.check(any("taint" in r for r in e.reasons), "not allocated: the claim does not tolerate the taint",
-                    otherwise="; ".join(e.reasons))
+    await expect_refusal(cluster, story, "next-job", node, cause="taint",
+                         what="not allocated: the claim does not tolerate the taint",
+                         unexpected="a tainted GPU was allocated to a claim without a toleration")
     story.step("The GPU is reset and answers NVML again.")
     await here.nvml("reset", gpu=str(index))
     if await reported(HealthStatus.HEALTHY) is not None:

@@ -95,13 +95,8 @@ async def aligned_nic(cluster: DemoCluster, story: Story, node: str) -> None:
     show_claim(story, "gpu-and-nic", spec)
     cluster.create_claim("gpu-and-nic", spec)
     story.step(f"Allocate on node {node}:")
-    try:
-        await cluster.allocate("gpu-and-nic", node)
-        story.fail("an H100 80GB should not match memory >= 80Gi (it reports 81559Mi to NVML)")
-    except Unallocatable as e:
-        show_reasons(story, e)
-        story.check(any("select" in r for r in e.reasons), "not allocated: no GPU has 80Gi",
-                    otherwise="; ".join(e.reasons))
+    await expect_refusal(cluster, story, "gpu-and-nic", node, cause="selector", what="not allocated: no GPU has 80Gi",
+                         unexpected="an H100 80GB should not match memory >= 80Gi (it reports 81559Mi to NVML)")
     story.note("An \"80GB\" H100 has 81559Mi (79.6 GiB) usable, which is what NVML reports and the agent "
                "publishes. The claim asks for 79Gi instead.")
     cluster.server.delete_object("resourceclaims", "gpu-and-nic")
@@ -142,17 +137,23 @@ async def _other_roots_busy(cluster: DemoCluster, story: Story, node: str, spec_
         story.detail(f"{name} holds {len(allocation.results)} devices")
     cluster.create_claim("gpu-and-nic-late", spec_for)
     story.step(f"Allocate the root-aligned claim again on node {node}:")
-    try:
-        await cluster.allocate("gpu-and-nic-late", node)
-        story.fail("allocated although no free GPU shares a root with a free VF")
-    except Unallocatable as e:
-        show_reasons(story, e)
-        story.check(any(PCIE_ROOT in r for r in e.reasons),
-                    "not allocated, and the allocator names the unmet pcieRoot constraint",
-                    otherwise="; ".join(e.reasons))
+    await expect_refusal(cluster, story, "gpu-and-nic-late", node, cause=PCIE_ROOT,
+                         what="not allocated, and the allocator names the unmet pcieRoot constraint",
+                         unexpected="allocated although no free GPU shares a root with a free VF")
     cluster.server.delete_object("resourceclaims", "gpu-and-nic-late")
     for name in busy:
         await cluster.release(name)
+
+
+async def expect_refusal(cluster: DemoCluster, story: Story, name: str, node: str, *, cause: str, what: str,
+                         unexpected: str) -> None:
+    """Allocate a claim that must not fit: the allocator's reasons are shown, and one must mention `cause`."""
+    try:
+        await cluster.allocate(name, node)
+        story.fail(unexpected)
+    except Unallocatable as e:
+        show_reasons(story, e)
+        story.check(any(cause in r for r in e.reasons), what, otherwise="; ".join(e.reasons))
 
 
 def show_reasons(story: Story, error: Unallocatable) -> None:

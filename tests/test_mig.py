@@ -9,7 +9,6 @@ import json
 import random
 import signal
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.simulation.node import SimulatedNode, mig_minor
+from backends.simulation.variants import in_mig_mode
 from backends.topology import TopologyReader
 from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, plugin_after_restart, settings_for
 from tests.slice_checks import assert_valid_slices
@@ -41,25 +41,7 @@ DYNAMIC = {"nvidia-mig": {"mode": "dynamic"}}
 def dgx_h100_in_mig_mode(folder: Path, made: dict[int, list[dict[str, Any]]] | None = None) -> Path:
     """The dgx-h100 profile with every GPU in MIG mode: no MIG device yet, or those `made` by an operator (by the
     position of the GPU entry in the profile)."""
-    profile = yaml.safe_load((resources.files("backends.simulation") / "profiles/dgx-h100.yaml").read_text())
-    profile["name"] = "dgx-h100-mig"
-    position = itertools.count()
-
-    def enable(node: Any) -> None:
-        if isinstance(node, dict):
-            if "gpu" in node:
-                spec = node["gpu"] if isinstance(node["gpu"], dict) else {"model": node["gpu"]}
-                node["gpu"] = {**spec, "mig": {"instances": (made or {}).get(next(position), [])}}
-            for value in node.values():
-                enable(value)
-        elif isinstance(node, list):
-            for value in node:
-                enable(value)
-
-    enable(profile["root_complexes"])
-    path = folder / "dgx-h100-mig.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    return path
+    return in_mig_mode("dgx-h100", folder, made)
 
 
 @pytest.fixture
