@@ -7,6 +7,7 @@ a simulated node kept in `root/node` so a restarted agent finds the same hardwar
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -168,3 +169,15 @@ async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plu
         while (plugin := await kubelet.wait_for_plugin(before.driver, timeout=30)) is before:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
     return plugin
+
+
+def journal_entries(path: Path) -> dict[str, Any]:
+    """A backend journal (backends/journal.py) replayed read-only, as a test looks at it: key → entry."""
+    entries: dict[str, Any] = {}
+    for line in path.read_text().splitlines() if path.exists() else ():
+        record = json.loads(line)
+        if "put" in record:
+            entries[record["put"][0]] = record["put"][1]
+        else:
+            entries.pop(record["remove"], None)
+    return entries

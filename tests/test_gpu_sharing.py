@@ -18,7 +18,15 @@ from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator
 from backends.simulation.node import SimulatedNode
 from backends.simulation.nvml import SimulatedNvml
-from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, plugin_after_restart, settings_for
+from tests.agent_env import (
+    NODE,
+    AgentProcess,
+    agent_in_process,
+    allocate,
+    journal_entries,
+    plugin_after_restart,
+    settings_for,
+)
 
 GPU = "gpu.nvidia.com"
 DEVICE, BUS_ID = "gpu-0000-18-00-0", "0000:18:00.0"
@@ -41,14 +49,7 @@ def simulated_nvml() -> SimulatedNvml:
 def journal(state_dir: Path, backend: str = "nvidia-gpu") -> dict[str, Any]:
     """The backend's compute-mode journal replayed: entry key → entry."""
     path = state_dir / "backends" / backend / "compute-modes.json"
-    entries: dict[str, Any] = {}
-    for line in path.read_text().splitlines() if path.exists() else ():
-        record = json.loads(line)
-        if "put" in record:
-            entries[record["put"][0]] = record["put"][1]
-        else:
-            entries.pop(record["remove"], None)
-    return entries
+    return journal_entries(path)
 
 
 def mode_on_node(sim_root: Path, bus_id: str = BUS_ID) -> int:

@@ -24,6 +24,7 @@ from tests.agent_env import (
     InProcess,
     agent_in_process,
     allocate,
+    journal_entries,
     plugin_after_restart,
     settings_for,
 )
@@ -40,14 +41,7 @@ def simulated_nvml() -> SimulatedNvml:
 
 def whole_journal(state_dir: Path) -> dict[str, Any]:
     path = state_dir / "backends/nvidia-mig/mig-whole.json"
-    entries: dict[str, Any] = {}
-    for line in path.read_text().splitlines() if path.exists() else ():
-        record = json.loads(line)
-        if "put" in record:
-            entries[record["put"][0]] = record["put"][1]
-        else:
-            entries.pop(record["remove"], None)
-    return entries
+    return journal_entries(path)
 
 
 async def rediscover(env: InProcess) -> tuple[dict[str, list[str]], list[str]]:

@@ -4,7 +4,6 @@ refusals for groups with devices not ours and for interfaces carrying the host's
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -29,6 +28,7 @@ from tests.agent_env import (
     AgentProcess,
     agent_in_process,
     allocate,
+    journal_entries,
     plugin_after_restart,
     settings_for,
     wait_until,
@@ -64,14 +64,7 @@ def cdi_nodes(cdi_dir: Path, uid: str) -> set[str]:
 def ledger(state_dir: Path, backend: str) -> dict[str, Any]:
     """The backend's vfio journal replayed: entry key → entry."""
     path = state_dir / "backends" / backend / "vfio-ledger.json"
-    entries: dict[str, Any] = {}
-    for line in path.read_text().splitlines() if path.exists() else ():
-        record = json.loads(line)
-        if "put" in record:
-            entries[record["put"][0]] = record["put"][1]
-        else:
-            entries.pop(record["remove"], None)
-    return entries
+    return journal_entries(path)
 
 
 async def test_a_gpu_passed_through_gets_its_vfio_group_and_goes_back_to_nvidia(scratch: Path) -> None:
