@@ -97,6 +97,9 @@ class Preparer:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         """One result per claim; never raises."""
+        if len(claims) == 1:  # the kubelet's usual call: no tasks to make for one claim
+            ref = claims[0]
+            return {ref.uid: await self._prepare_planned(ref, await self._plan(ref))}
         plans = await asyncio.gather(*(self._plan(ref) for ref in claims))
         results = await asyncio.gather(*(self._prepare_planned(ref, plan) for ref, plan in zip(claims, plans,
                                                                                                    strict=True)))
@@ -104,6 +107,8 @@ class Preparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """An error message per claim, empty on success; never raises."""
+        if len(claims) == 1:
+            return {claims[0].uid: await self._unprepare_one(claims[0])}
         errors = await asyncio.gather(*(self._unprepare_one(ref) for ref in claims))
         return {ref.uid: error for ref, error in zip(claims, errors, strict=True)}
 
@@ -250,7 +255,10 @@ class Preparer:
             return prepared
 
         names = list(plan.per_backend)
-        outcomes = await asyncio.gather(*(one(*plan.per_backend[n]) for n in names))
+        if len(names) == 1:
+            outcomes = [await one(*plan.per_backend[names[0]])]
+        else:
+            outcomes = await asyncio.gather(*(one(*plan.per_backend[n]) for n in names))
         done = {n: o for n, o in zip(names, outcomes, strict=True) if not isinstance(o, str)}
         errors = [o for o in outcomes if isinstance(o, str)]
         return done, "; ".join(errors)

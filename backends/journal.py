@@ -1,9 +1,13 @@
 """A durable map of string keys to JSON objects, kept as an append-only journal: what a backend changed on the
 hardware, so that a restart can finish or undo it.
 
-Each change is one JSON line (`{"put": [key, value]}` or `{"remove": key}`) made durable with one `fdatasync`.
-A line torn by a crash is the last one and is ignored on load. When the journal holds many more lines than
-entries it is rewritten whole, atomically (temporary file, fsync, rename, directory fsync).
+Each change is one JSON line (`{"put": [key, value]}` or `{"remove": key}`) made durable with one `fdatasync`,
+unless its writer says it need not be: a record that only adds to what an earlier durable record already lets a
+restart recover (ids learnt after an intent) is written without one, and becomes durable with the next record.
+A process crash loses no written line either way (the page cache outlives the process); a power cut may lose
+such a record, which the earlier one covers. A line torn by a crash is the last one and is ignored on load.
+When the journal holds many more lines than entries it is rewritten whole, atomically (temporary file, fsync,
+rename, directory fsync).
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ class Journal:
     def get(self, key: str) -> dict[str, Any] | None:
         return self._entries.get(key)
 
-    def put(self, key: str, value: dict[str, Any]) -> None:
-        self._append({"put": [key, value]})
+    def put(self, key: str, value: dict[str, Any], durable: bool = True) -> None:
+        """Set `key`; with `durable` False the line is written but not synced (see the module's docstring)."""
+        self._append({"put": [key, value]}, durable)
         self._entries[key] = value
 
     def remove(self, key: str) -> None:
@@ -77,12 +82,13 @@ class Journal:
             os.close(self._fd)
             self._fd = None
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any], durable: bool = True) -> None:
         if self._fd is None:
             self._compact()
         assert self._fd is not None
         os.write(self._fd, json.dumps(record, separators=(",", ":")).encode() + b"\n")
-        os.fdatasync(self._fd)
+        if durable:
+            os.fdatasync(self._fd)  # also makes every earlier line durable
         self._lines += 1
 
     def _compact(self) -> None:

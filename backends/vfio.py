@@ -8,7 +8,8 @@ backend publishes; PCI bridges need no driver and are left alone. A network func
 the host's traffic is never taken.
 
 Crash safety: before any driver changes, the original driver of every member is recorded in a journal in the
-backend's state directory (the intent); once every member is on vfio-pci the entry is recorded again as bound.
+backend's state directory (the intent, synced to disk); once every member is on vfio-pci the entry is recorded
+again as bound (not synced: the intent alone already says what to give back).
 Unprepare, the core's rollback of a prepare a crash cut short, and `reconcile` at start all hand the members back
 to their original drivers from that journal, and drop the entry.
 """
@@ -167,7 +168,7 @@ class Passthrough:
             self._undo_quietly(claim, [(device, {})])
             raise
         failpoint("vfio-after-binding")
-        self._journal.put(key, {**record, "bound": True})
+        self._journal.put(key, {**record, "bound": True}, durable=False)
         return Prepared(
             device=device,
             edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/vfio/{group}"),)),

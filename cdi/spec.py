@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
@@ -195,19 +194,37 @@ def _is_required(f: Field[Any]) -> bool:
     return f.metadata.get("required", False) or (f.default is MISSING and f.default_factory is MISSING)
 
 
-@functools.cache
-def _layout(cls: type) -> tuple[tuple[str, str, bool], ...]:
-    """(attribute, JSON key, required) per field of a model class, computed once: specs are written on every
-    prepare, and working this out per object cost more than the rest of the encoding."""
-    return tuple((f.name, _camel(f.name), _is_required(f)) for f in fields(cls))
+_Layout = tuple[tuple[str, str, bool], ...]
+_LAYOUTS: dict[type, _Layout | None] = {}  # per type met: its fields' layout, None for a type that is no model
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _layout(cls: type) -> _Layout | None:
+    """(attribute, JSON key, required) per field of a model class (None for any other type), worked out once per
+    type: specs and checkpoint records are encoded on every prepare, and working this out per object, or even
+    asking `is_dataclass` per value, cost more than the rest of the encoding."""
+    try:
+        return _LAYOUTS[cls]
+    except KeyError:
+        layout = tuple((f.name, _camel(f.name), _is_required(f)) for f in fields(cls)) if is_dataclass(cls) else None
+        _LAYOUTS[cls] = layout
+        return layout
 
 
 def _encode(value: Any) -> Any:
     """JSON value of a model object; optional fields that are None or empty are left out."""
-    if is_dataclass(value) and not isinstance(value, type):
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is tuple:
+        return [item if type(item) is str else _encode(item) for item in value]
+    layout = _layout(kind)
+    if layout is not None:
         out: dict[str, Any] = {}
-        for name, key, required in _layout(type(value)):
-            item = _encode(getattr(value, name))
+        for name, key, required in layout:
+            item = getattr(value, name)
+            if type(item) is not str:
+                item = _encode(item)
             if required or item not in (None, "", [], {}):
                 out[key] = item
         return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import signal
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
 from backends.contract import BackendContext
 from backends.failpoints import MIG_POINTS
+from backends.nvidia import mig_dynamic
 from backends.nvidia.mig import NvidiaMigBackend
 from backends.nvidia.mig_dynamic import MigMaker, dynamic_devices
 from backends.nvidia.mig_edits import MigEdits
@@ -300,3 +302,46 @@ def test_an_intent_left_by_a_crash_is_finished_with_what_it_made(sim_node: Calla
     assert edits.device_nodes[0].path == "/dev/nvidia0"
     maker.unmake("uid", device)
     assert node.nvml.instances(0) == [] and list(ledger) == []
+
+
+def test_a_power_cut_after_making_leaves_enough_on_disk_to_destroy_it(sim_node: Callable[[str], SimulatedNode],
+                                                                        tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The intent is on disk before NVML creates anything; the ids recorded after it are not synced, and a power
+    cut that loses them still leaves the instance found (at the intent's placement) and destroyed."""
+    node = sim_node(str(dgx_h100_in_mig_mode(tmp_path)))
+    path = tmp_path / "ledger.json"
+    ledger = MigLedger(path)
+    ledger.load()
+    on_disk = [path.stat().st_size]  # the journal's size at each sync: what a power cut keeps
+    synced_at_create: list[int] = []
+    real_sync, real_create = os.fdatasync, mig_dynamic.create_gpu_instance
+
+    def sync(fd: int) -> None:
+        real_sync(fd)
+        on_disk.append(os.fstat(fd).st_size)
+
+    def create(*args: Any) -> int:
+        synced_at_create.append(on_disk[-1])
+        return real_create(*args)
+
+    monkeypatch.setattr(os, "fdatasync", sync)
+    monkeypatch.setattr(mig_dynamic, "create_gpu_instance", create)
+    maker = MigMaker(ledger, MigEdits(node.root), structlog.get_logger("nvidia-mig"))
+    with nvml_session():
+        gpu = next(g for g in list_gpus()[0] if g.bus_id == "0000:18:00.0")
+        _, _, offers = dynamic_devices(gpu, {}, TopologyReader(node.sysfs).lookup(gpu.bus_id))
+    device = "gpu-0000-18-00-0-mig-1g10gb-19-2"
+    maker.make("uid", device, offers[device])
+    assert len(on_disk) == 2, "one sync per make: the intent's"
+    assert synced_at_create == [on_disk[1]] and on_disk[1] > on_disk[0], "the intent was on disk before NVML"
+    ledger.close()
+
+    with path.open("r+b") as f:  # the power cut: what was not synced is lost
+        f.truncate(on_disk[-1])
+    after = MigLedger(path)
+    after.load()
+    (entry,) = after
+    assert entry.gpu_instance is None, "only the intent survived"
+    MigMaker(after, MigEdits(node.root), structlog.get_logger("nvidia-mig")).unmake("uid", device)
+    assert node.nvml.instances(0) == [] and list(after) == []

@@ -166,10 +166,15 @@ class NvidiaMigBackend(NvidiaBackend):
         gets its compute mode back, then MIG mode."""
         if self._maker is None or self._whole is None:
             return
+        await asyncio.to_thread(self._release, claim.uid, prepared)
+
+    def _release(self, claim: str, prepared: Sequence[Prepared]) -> None:
+        """The blocking part of unprepare, in one worker-thread call."""
+        assert self._maker is not None and self._whole is not None
         for item in prepared:
-            await asyncio.to_thread(self.modes.restore, claim.uid, item.device, item.restore.get("computeMode"))
-            await asyncio.to_thread(self._whole.give_back, claim.uid, item.device)
-            await asyncio.to_thread(self._maker.unmake, claim.uid, item.device)
+            self.modes.restore(claim, item.device, item.restore.get("computeMode"))
+            self._whole.give_back(claim, item.device)
+            self._maker.unmake(claim, item.device)
 
     async def discover(self) -> Inventory:
         inventory = await asyncio.to_thread(self._discover)

@@ -3,8 +3,9 @@ operator or another tool made, and can finish or undo a prepare a crash cut shor
 
 Each entry is written durably before NVML is asked to create anything (the intent: claim, device, GPU, profile,
 placement), and again once the GPU instance and its compute instance exist (their ids). An entry goes when its
-instance is destroyed. Stored in a `Journal` (one fdatasync a record, a quarter of a millisecond here): the two
-records of a prepare stay well inside its latency budget.
+instance is destroyed. Stored in a `Journal`: the intent and the removal cost one fdatasync each; the ids are
+written without one (durable with the next record), because the intent alone already lets a restart find the
+instance (the one at its placement) should they be lost.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ class MigLedger:
         return entry
 
     def update(self, entry: LedgerEntry, **changes: Any) -> LedgerEntry:
-        return self.put(replace(entry, **changes))
+        """Add what an intent led to (the instances' ids): not synced, the intent covers its loss."""
+        updated = replace(entry, **changes)
+        self._journal.put(updated.key, asdict(updated), durable=False)
+        return updated
 
     def remove(self, entry: LedgerEntry) -> None:
         self._journal.remove(entry.key)
