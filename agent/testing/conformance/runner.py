@@ -20,6 +20,7 @@ from agent.testing.conformance.target import LoadError, Target, source_roots
 from backends.config import OpaqueConfig
 from backends.contract import BackendContext, ConfigError
 from backends.simulation.node import SimulatedNode, simulated_node
+from backends.simulation.profile import ProfileError
 from backends.topology import TopologyReader
 
 __all__ = ["Conformance"]
@@ -42,6 +43,8 @@ class Conformance:
             result: list[str] = getattr(self, check)()
         except (LoadError, CheckFailed) as e:
             return [str(e)]
+        except ProfileError as e:
+            return [f"the node profile cannot be used: {e}"]
         return result
 
     # Static ---------------------------------------------------------------------------------------------------
