@@ -4,9 +4,12 @@ refusals for groups with devices not ours and for interfaces carrying the host's
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +20,13 @@ import yaml
 
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator
-from backends.contract import BackendContext, PrepareError
+from backends.contract import Allocated, BackendContext, ClaimRef, Inventory, PrepareError
 from backends.failpoints import VFIO_POINTS
 from backends.journal import Journal
+from backends.nvidia.gpu import NvidiaGpuBackend
 from backends.topology import TopologyReader
-from backends.vfio import Passthrough
-from backends.vfio_sysfs import Deadline, Rebinder
+from backends.vfio import Passthrough, VfioConfig
+from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
 from tests.agent_env import (
     NODE,
     AgentProcess,
@@ -39,6 +43,7 @@ SRIOV = "sriov.dra-agent.io"
 GPU_BDF, GPU_GROUP = "0000:18:00.0", 3
 VF_BDF, VF_GROUP, VF_NETDEV = "0000:19:00.1", 6, "enp25s0f0v0"
 VFIO = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "VfioConfig"}
+VFIO_CONFIG = VfioConfig.model_validate(VFIO)
 
 
 def passthrough(driver: str, request: str = "dev", parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -255,6 +260,22 @@ async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(s
             os.close(os.open(folder / "driver_override", os.O_RDONLY | os.O_NONBLOCK))
 
 
+def test_a_write_stuck_in_the_kernel_does_not_hold_up_the_next_one(tmp_path: Path) -> None:
+    rebinder = Rebinder(tmp_path)
+    stuck, fine = tmp_path / "unbind", tmp_path / "driver_override"
+    os.mkfifo(stuck)
+    fine.write_text("")
+    try:
+        with pytest.raises(PrepareError, match=r"did not return within 0\.2 s"):
+            rebinder.write(stuck, "0000:01:00.0", Deadline(0.2))
+        rebinder.write(fine, VFIO_PCI, Deadline(0.5))  # not queued behind the write still in the kernel
+        assert fine.read_text() == VFIO_PCI
+        with pytest.raises(PrepareError, match="cannot write"):
+            rebinder.write(tmp_path / "missing/bind", "0000:01:00.0", Deadline(0.5))
+    finally:
+        os.close(os.open(stuck, os.O_RDONLY | os.O_NONBLOCK))  # let the abandoned writer finish
+
+
 def test_the_journal_survives_a_torn_last_line_and_compacts(tmp_path: Path) -> None:
     path = tmp_path / "vfio-ledger.json"
     journal = Journal(path)
@@ -342,3 +363,75 @@ async def test_a_gpu_passed_through_stays_published_while_nvml_cannot_see_it(scr
         finally:
             await first.stop()
             await second.stop()
+
+
+@pytest.fixture
+async def gpu_backend(sim_node: Any, scratch: Path) -> AsyncIterator[tuple[NvidiaGpuBackend, Any]]:
+    """nvidia-gpu started in this process on a simulated dgx-h100, with a state directory (passthrough on)."""
+    node = sim_node("dgx-h100")
+    backend = NvidiaGpuBackend()
+    await backend.start(BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {},
+                                       structlog.get_logger("nvidia-gpu"), state_dir=scratch / "state"))
+    try:
+        yield backend, node
+    finally:
+        await backend.stop()
+
+
+def names(inventory: Inventory) -> set[str]:
+    return {d.name for d in inventory.devices}
+
+
+async def test_a_gpu_given_back_during_a_rediscovery_stays_published(
+        gpu_backend: tuple[NvidiaGpuBackend, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rediscovery reads NVML while the GPU is on vfio-pci, and the unprepare finishes (its journal entry gone)
+    before the rediscovery is done: the GPU must still be in what it finds, or a prepare of it fails meanwhile."""
+    backend, _ = gpu_backend
+    device, claim = "gpu-0000-18-00-0", ClaimRef("uid-1", "default", "vm")
+    assert device in names(await backend.discover())
+    prepared = await backend.prepare(claim, [Allocated(device, "dev", VFIO_CONFIG)])
+    assert device in names(await backend.discover()), "on vfio-pci: published from the journal"
+
+    read_nvml, nvml_read, handed_back = backend._discover, threading.Event(), threading.Event()
+
+    def racing() -> Inventory:
+        inventory = read_nvml()  # the GPU is on vfio-pci: NVML does not list it
+        nvml_read.set()
+        assert handed_back.wait(10)
+        return inventory
+
+    monkeypatch.setattr(backend, "_discover", racing)
+    discovery = asyncio.create_task(backend.discover())
+    assert await asyncio.to_thread(nvml_read.wait, 10)
+    await backend.unprepare(claim, prepared)
+    handed_back.set()
+    assert device in names(await discovery)
+    again = await backend.prepare(ClaimRef("uid-2", "default", "vm"), [Allocated(device, "dev", VFIO_CONFIG)])
+    assert [p.device for p in again] == [device]
+    await backend.unprepare(ClaimRef("uid-2", "default", "vm"), again)
+
+
+async def test_a_gpu_given_back_stays_published_until_nvml_lists_it(gpu_backend: tuple[NvidiaGpuBackend, Any]
+                                                                     ) -> None:
+    """The nvidia driver's link is back, but its probe has not finished and NVML does not list the GPU yet (the
+    nvidia driver's folder does not name it): published as it was, and preparable, until NVML lists it."""
+    backend, node = gpu_backend
+    device, claim = "gpu-0000-18-00-0", ClaimRef("uid-1", "default", "vm")
+    published = {d.name: d for d in (await backend.discover()).devices}[device]
+    prepared = await backend.prepare(claim, [Allocated(device, "dev", VFIO_CONFIG)])
+    await backend.unprepare(claim, prepared)
+    probed = node.sysfs / "bus/pci/drivers/nvidia" / GPU_BDF
+    target = os.readlink(probed)
+    probed.unlink()  # the probe still running: NVML does not list the GPU
+    inventory = await backend.discover()
+    assert {d.name: d for d in inventory.devices}.get(device) == published
+    assert any(f"GPU {GPU_BDF}: given back to the nvidia driver" in w for w in inventory.warnings)
+    plain = await backend.prepare(ClaimRef("uid-2", "default", "pod"), [Allocated(device, "dev")])
+    assert plain[0].edits.device_nodes[0].path == "/dev/nvidia0"
+    await backend.unprepare(ClaimRef("uid-2", "default", "pod"), plain)
+
+    probed.symlink_to(target)  # probed: NVML lists it
+    assert device in names(await backend.discover())
+    probed.unlink()
+    assert device not in names(await backend.discover()), "kept only until NVML listed it again"
+    probed.symlink_to(target)

@@ -14,6 +14,7 @@ from backends.nvidia.mig_whole import held_whole
 from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
 from backends.nvidia.passthrough import describe, held_device
 from backends.nvidia.sharing import ComputeModes, wanted_mode
+from backends.sysfs import read_link_name
 from backends.topology import device_name
 from backends.vfio import PassthroughBackend, VfioConfig
 from cdi.spec import ContainerEdits, DeviceNode
@@ -35,30 +36,69 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         self._devices: dict[str, Device] = {}  # device name → what was published, from the last discovery
         self._mig_gpus: set[int] = set()  # indexes of GPUs left to nvidia-mig, from the last discovery
         self._modes: ComputeModes | None = None
+        # GPUs being given back from vfio-pci: name → (hand-back number, as published, PCI address); see
+        # `_returning_devices`.
+        self._returning: dict[str, tuple[int, Device, str]] = {}
+        self._handbacks = 0
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)
         self._modes = ComputeModes(ctx.state_dir, ctx.log)
 
     async def discover(self) -> Inventory:
+        # GPUs on vfio-pci for a claim are gone from NVML: published as they were, not watched through NVML. The
+        # journal is read before and after NVML, so a GPU passed through or given back while NVML is read is
+        # in one of the two.
+        passthrough = self.ctx.state_dir is not None
+        entries = await self.passthrough().entries() if passthrough else []
+        begun = self._handbacks
         inventory = await asyncio.to_thread(self._discover)
-        # GPUs on vfio-pci for a claim are gone from NVML: published as they were, not watched through NVML.
         watched = dict(self._refs)
         held: list[Device] = []
-        if self.ctx.state_dir is not None:
-            for entry in await self.passthrough().entries():
-                name, notes = entry["device"], entry.get("notes")
-                if name in self._devices or not notes:
-                    continue
-                device = held_device(name, notes, self.ctx.topology)
-                held.append(device)
-                self._devices[name] = device
-                self._refs[name] = DeviceRef("", notes["busId"])
+        for entry in [*entries, *(await self.passthrough().entries() if passthrough else [])]:
+            name, notes = entry["device"], entry.get("notes")
+            if name in self._devices or not notes:
+                continue
+            device = held_device(name, notes, self.ctx.topology)
+            held.append(device)
+            self._devices[name] = device
+            self._refs[name] = DeviceRef("", notes["busId"])
+        returning, warnings = self._returning_devices(begun)
+        held.extend(returning)
         self.watch(watched)
         if not held:
             return inventory
         devices = tuple(sorted((*inventory.devices, *held), key=lambda d: d.name))
-        return Inventory(devices=devices, counter_sets=inventory.counter_sets, warnings=inventory.warnings)
+        return Inventory(devices=devices, counter_sets=inventory.counter_sets,
+                         warnings=(*inventory.warnings, *warnings))
+
+    def _returning_devices(self, begun: int) -> tuple[list[Device], list[str]]:
+        """GPUs given back from vfio-pci that NVML does not list yet, published as they were meanwhile.
+
+        The nvidia driver's link appears before its probe has finished, and NVML lists the GPU only after it; a
+        discovery in between (the uevents of the hand-back set one off) must not drop the GPU, or a prepare of it
+        fails until the next one. A GPU stays here until a discovery begun after its hand-back sees it in NVML,
+        or until the nvidia driver no longer holds it (it is not coming back to NVML then).
+        """
+        kept: list[Device] = []
+        warnings: list[str] = []
+        for name, (handback, device, bus_id) in list(self._returning.items()):
+            if name in self._devices:
+                if name in self._minors and handback <= begun:
+                    del self._returning[name]  # NVML lists it again
+                continue
+            if read_link_name(self.ctx.sysfs_root / "bus/pci/devices" / bus_id / "driver") != "nvidia":
+                del self._returning[name]
+                continue
+            kept.append(device)
+            self._devices[name] = device
+            self._refs[name] = DeviceRef("", bus_id)
+            minor = device.attributes.get("minor")
+            if isinstance(minor, int):
+                self._minors[name] = minor
+            warnings.append(f"GPU {bus_id}: given back to the nvidia driver from vfio-pci and not listed by NVML "
+                            "yet; published as it was until NVML lists it")
+        return kept, warnings
 
     @property
     def modes(self) -> ComputeModes:
@@ -106,6 +146,13 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         """GPUs passed through go back to their driver; GPUs whose compute mode was set get their own back."""
         await self._restore_modes(claim, prepared)
+        # Known as returning before their journal entries go: no discovery in between may miss them.
+        entries = {e["device"]: e for e in await self.passthrough().entries() if e["claim"] == claim.uid}
+        self._handbacks += 1
+        for item in prepared:
+            device, ref = self._devices.get(item.device), self._refs.get(item.device)
+            if device is not None and ref is not None and (item.device in entries or "vfio" in item.restore):
+                self._returning[item.device] = (self._handbacks, device, ref.bus_id)
         await self.passthrough().unprepare(claim.uid, prepared)
 
     async def _restore_modes(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
