@@ -19,6 +19,11 @@ _STYLES = {"title": "\033[1;36m", "heading": "\033[1m", "ok": "\033[32m", "fail"
            "dim": "\033[2m", "note": "\033[33m"}
 
 
+def _fill(text: str, width: int, **options: str) -> str:
+    """Wrapped at spaces only: names like dra-agent or device IDs are never split."""
+    return textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False, **options)
+
+
 class Story:
     """The demo's output stream and the failures seen so far."""
 
@@ -52,17 +57,17 @@ class Story:
 
     def say(self, text: str) -> None:
         """A paragraph, wrapped to the terminal."""
-        self._print(textwrap.fill(" ".join(text.split()), self.width))
+        self._print(_fill(" ".join(text.split()), self.width))
 
     def step(self, text: str) -> None:
         self._print()
-        self._print(textwrap.fill(" ".join(text.split()), self.width, initial_indent="▸ ", subsequent_indent="  "))
+        self._print(_fill(" ".join(text.split()), self.width, initial_indent="▸ ", subsequent_indent="  "))
 
     def detail(self, text: str) -> None:
-        self._print(textwrap.fill(text, self.width, initial_indent="    ", subsequent_indent="      "))
+        self._print(_fill(text, self.width, initial_indent="    ", subsequent_indent="      "))
 
     def note(self, text: str) -> None:
-        self._print(self._style("note", textwrap.fill(" ".join(text.split()), self.width, initial_indent="  note: ",
+        self._print(self._style("note", _fill(" ".join(text.split()), self.width, initial_indent="  note: ",
                                                       subsequent_indent="        ")))
 
     def document(self, obj: Any, *, indent: int = 4) -> None:
