@@ -19,9 +19,10 @@ _STYLES = {"title": "\033[1;36m", "heading": "\033[1m", "ok": "\033[32m", "fail"
            "dim": "\033[2m", "note": "\033[33m"}
 
 
-def _fill(text: str, width: int, **options: str) -> str:
+def _fill(text: str, width: int, initial_indent: str = "", subsequent_indent: str = "") -> str:
     """Wrapped at spaces only: names like dra-agent or device IDs are never split."""
-    return textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False, **options)
+    return textwrap.fill(text, width, initial_indent=initial_indent, subsequent_indent=subsequent_indent,
+                         break_on_hyphens=False, break_long_words=False)
 
 
 class Story:
