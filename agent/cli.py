@@ -51,6 +51,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agent.backend_check import check_command
     from agent.commands import backends_command, discover_command, run_command
 
     parser = argparse.ArgumentParser(
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "version, DRA driver name and whether each found hardware on this node.",
     )
     backends.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    backends.add_argument("--check", dest="handler", action="store_const", const=check_command,
+                          help="run the conformance kit's static checks on each enabled backend (contract, typed "
+                               "settings, discovery passes the API server's rules, stable names); exit 1 if one fails")
     backends.set_defaults(handler=backends_command)
 
     run = commands.add_parser(
