@@ -69,8 +69,8 @@ async def _verdicts(settings: Settings, node: str, found: Survey) -> list[_Verdi
     for failure in found.failures:
         verdict = verdicts.setdefault(failure.name, _Verdict(failure.name, failure.distribution))
         verdict.problems.append(failure.message)
-    for plugin in found.loaded:
-        verdicts[plugin.found.name].problems += config_problems(plugin.backend)
+    for loaded in found.loaded:
+        verdicts[loaded.found.name].problems += config_problems(loaded.backend)
     for name, error in found.start_errors.items():
         verdicts[name].problems.append(f"start() with the configured settings failed: {error}")
     first = {r.name: r for r in found.reports}
