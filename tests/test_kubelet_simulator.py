@@ -24,7 +24,7 @@ from agent.kubelet_api import (
     add_dra_services,
     add_registration_service,
 )
-from agent.testing.kubelet import KubeletError, KubeletSimulator, RegistrationRefused
+from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin, RegistrationRefused
 from backends.contract import ClaimRef
 
 DRIVER = "gpu.example.com"
@@ -242,6 +242,26 @@ async def test_a_socket_re_created_at_the_same_path_registers_anew(base: Path) -
         assert driver.statuses == [(True, "")]  # not refused as "already registered"
         (new,) = sim.plugins(DRIVER)
         assert new is not old and new.endpoint == old.endpoint == endpoint
+
+
+async def test_a_plugin_restarted_at_the_same_socket_takes_calls_at_once(base: Path) -> None:
+    # The dead instance's connection is in reconnect backoff, and may not be closed yet when the new instance
+    # registers; the new instance's connection must not inherit that backoff.
+    async with AsyncExitStack() as first, AsyncExitStack() as second, KubeletSimulator(base / "reg") as sim:
+        await serve(first, base / "reg" / "gpu-reg.sock")
+        old = await sim.register(base / "reg" / "gpu-reg.sock")
+        await first.aclose()
+        for _ in range(3):
+            with pytest.raises(KubeletError, match="UNAVAILABLE"):
+                await old.prepare([CLAIM_A])
+        (base / "reg" / "gpu-reg.sock").unlink(missing_ok=True)
+        driver, _ = await serve(second, base / "reg" / "gpu-reg.sock")
+        driver.answer = lambda claims: {CLAIM_A.uid: ClaimResult()}
+        new = Plugin(old.info, old.endpoint, old.version, old.socket_path, old.identity)  # as registration makes it
+        try:
+            assert await new.prepare([CLAIM_A]) == {CLAIM_A.uid: ClaimResult()}
+        finally:
+            await new._close()
 
 
 async def test_refusals_are_retried_and_reported_on_timeout(base: Path, servers: AsyncExitStack) -> None:

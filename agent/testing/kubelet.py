@@ -46,6 +46,11 @@ _POLL = 0.02
 # Per-socket retry of failed registrations, doubling like the kubelet's operation executor.
 _RETRY_FIRST, _RETRY_MAX = 0.5, 122.0
 
+# gRPC's C core shares connections among channels to the same address. A plugin restarted at the same socket
+# path would then inherit its dead predecessor's connection and reconnect backoff, and fail calls with
+# "Connection refused" for a while; the kubelet (grpc-go) gives each plugin connection its own.
+_OWN_CONNECTIONS = (("grpc.use_local_subchannel_pool", 1),)
+
 T = TypeVar("T")
 Identity = tuple[int, int]  # (inode, ctime): a socket re-created at the same path is a new plugin
 HealthView = dict[tuple[str, str], "DeviceHealthState"]
@@ -112,7 +117,7 @@ class Plugin:
         self.version: DraVersion = version
         self.socket_path = socket_path
         self.identity = identity
-        self._channel = grpc.aio.insecure_channel(f"unix:{endpoint}")
+        self._channel = grpc.aio.insecure_channel(f"unix:{endpoint}", options=_OWN_CONNECTIONS)
         self._channel.get_state(try_to_connect=True)  # the kubelet connects at registration, not at first call
         self._client = DraClient(self._channel, version)
         self._health_task: asyncio.Task[None] | None = None
@@ -211,7 +216,7 @@ class KubeletSimulator:
         if identity is None:
             raise KubeletError(f"cannot register {path}: not a unix socket")
         self._in_flight.add(path)
-        channel = grpc.aio.insecure_channel(f"unix:{path}")
+        channel = grpc.aio.insecure_channel(f"unix:{path}", options=_OWN_CONNECTIONS)
         try:
             client = RegistrationClient(channel)
             try:
