@@ -3,9 +3,10 @@ placement, see `mig_layout`), and the MIG device a claim was allocated made at p
 
 Making one records the intent in the ledger first (claim, device, GPU, profile, placement), then creates the GPU
 instance at exactly the allocated placement and its compute instance, and records their ids (the intent is
-synced to disk before NVML is called; the ids need not be, see `mig_ledger`). A crash in between leaves the intent, which names the placement; the instance found there is the one the agent
-made, as creating it required the placement free. Unmaking destroys what the record names, if it is still the
-instance recorded, and drops the record. Instances the agent did not create are never touched.
+synced to disk before NVML is called; the ids need not be, see `mig_ledger`). A crash in between leaves the
+intent, which names the placement; the instance found there is the one the agent made, as creating it required
+the placement free. Unmaking destroys what the record names, if it is still the instance recorded, and drops the
+record. Instances the agent did not create are never touched.
 """
 
 from __future__ import annotations
