@@ -37,6 +37,7 @@ from tests.agent_env import (
     settings_for,
     wait_until,
 )
+from tests.udev_env import preload_env
 
 GPU = "gpu.nvidia.com"
 SRIOV = "sriov.dra-agent.io"
@@ -435,3 +436,29 @@ async def test_a_gpu_given_back_stays_published_until_nvml_lists_it(gpu_backend:
     probed.unlink()
     assert device not in names(await backend.discover()), "kept only until NVML listed it again"
     probed.symlink_to(target)
+
+
+async def test_a_node_kept_in_ram_does_not_cost_the_agent_a_descriptor_per_driver_change(scratch: Path) -> None:
+    # The scratch node lives in /dev/shm behind a /tmp link. umockdev's preload takes every file opened below /dev
+    # for a device node and keeps a socket for it: the simulated kernel must name the node's files by the link.
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
+                                backends=("sriov-nic",))
+        assert settings.sim_root is not None
+        preload_env(settings.sim_root)  # skips without umockdev
+        agent = AgentProcess(settings)
+        await agent.start()
+        try:
+            async with KubeletSimulator(settings.registry_dir) as kubelet:
+                plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
+                assert agent.process is not None
+                descriptors = lambda: len(os.listdir(f"/proc/{agent.process.pid}/fd"))  # noqa: E731
+                before = descriptors()
+                for cycle in range(8):
+                    ref = allocate(server, f"dpdk-{cycle}", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
+                    assert (await plugin.prepare([ref]))[ref.uid].error == ""
+                    assert (await plugin.unprepare([ref]))[ref.uid] == ""
+                assert descriptors() - before < 20, "descriptors grow with every driver change"
+        finally:
+            await agent.stop()

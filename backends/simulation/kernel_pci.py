@@ -46,7 +46,7 @@ class PciCore:
     def folder(self, bus_id: str) -> Path | None:
         """The function's folder under devices/, None when there is no such function."""
         entry = self.sys / "bus/pci/devices" / bus_id
-        return Path(os.path.realpath(entry)) if entry.is_dir() else None
+        return self.injector.inside(entry) if entry.is_dir() else None
 
     def function(self, bus_id: str, folder: Path) -> PciFunction:
         """The function as the tree shows it now (a VF enabled at run time is not in the plan)."""

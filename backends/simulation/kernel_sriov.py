@@ -119,7 +119,7 @@ class SriovControl:
             link = pf / f"virtfn{index}"
             if not link.is_symlink():
                 continue
-            folder = Path(os.path.realpath(link))
+            folder = pci.injector.inside(link)
             bus_id = folder.name
             pci.unbind(bus_id)
             pci.forget_class_devices(bus_id)

@@ -50,11 +50,21 @@ class UdevInjector:
     """Injects events into the simulated node at `root` (which holds its sys/ and dev/)."""
 
     def __init__(self, root: Path) -> None:
-        # Resolved: links are compared as paths, and a folder reached through a symlink would never match.
-        self.root = root.resolve()
+        # Links are compared as paths, so every folder is named from one root: the one given, kept unresolved
+        # (umockdev's preload takes every file opened below /dev for a device node, and a node kept in /dev/shm
+        # is reached through a link elsewhere), with links inside the tree resolved by `inside`.
+        self.root = Path(os.path.abspath(root))
+        self._real_root = root.resolve()
         self.sys = self.root / "sys"
         if not (self.sys / "devices").is_dir():
             raise InjectionError(f"{root} holds no simulated node (no sys/devices folder)")
+
+    def inside(self, path: Path | str) -> Path:
+        """`path` with every link resolved, named from the node's root as given."""
+        real = os.path.realpath(path)
+        if real == str(self._real_root) or real.startswith(str(self._real_root) + os.sep):
+            return self.root / os.path.relpath(real, self._real_root)
+        return Path(real)
 
     # PCI hot-plug -------------------------------------------------------------------------------------------
 
@@ -67,8 +77,8 @@ class UdevInjector:
             if (self.root / STATE_DIR / "removed" / f"pci-{bus_id}").exists():
                 raise InjectionError(f"PCI function {bus_id} is already removed (pci-add brings it back)")
             raise InjectionError(f"no PCI function {bus_id} on the simulated node at {self.root}")
-        function = Path(os.path.realpath(entry))
-        vfs = [Path(os.path.realpath(link)) for link in sorted(function.glob("virtfn*"))]
+        function = self.inside(entry)
+        vfs = [self.inside(link) for link in sorted(function.glob("virtfn*"))]
         folders = [vf for vf in vfs if vf.is_dir() and not vf.is_relative_to(function)] + [function]
         groups = self._emptied_groups(folders)
         # Unbinding from vfio-pci destroys a function's vfio group before the function itself goes.
@@ -172,8 +182,8 @@ class UdevInjector:
             for device in _devices_deepest_first(folder):
                 if not (device / "iommu_group").is_symlink():
                     continue
-                group = Path(os.path.realpath(device / "iommu_group"))
-                members = [Path(os.path.realpath(m)) for m in (group / "devices").iterdir()]
+                group = self.inside(device / "iommu_group")
+                members = [self.inside(m) for m in (group / "devices").iterdir()]
                 if group not in groups and all(any(m.is_relative_to(f) for f in folders) for m in members):
                     groups.append(group)
         return groups
@@ -207,12 +217,12 @@ class UdevInjector:
             raise InjectionError(f"no PCI function {bus_id} on the simulated node at {self.root}")
         accel = sorted((entry / "accel").glob("accel*"))
         if accel:
-            return Path(os.path.realpath(accel[0]))
+            return self.inside(accel[0])
         # A generic function's class device: <function>/<class>/<name> with a dev file (see PciSpec.char_class).
         owned = sorted(p for p in entry.glob("*/*/dev")
                        if not p.parent.parent.is_symlink() and p.parent.parent.name not in _NETWORK_CLASSES)
         if owned:
-            return Path(os.path.realpath(owned[0].parent))
+            return self.inside(owned[0].parent)
         driver, group = entry / "driver", entry / "iommu_group"
         if driver.is_symlink() and os.path.basename(os.readlink(driver)) == "vfio-pci" and group.is_symlink():
             vfio = self.sys / "devices/virtual/vfio" / os.path.basename(os.readlink(group))
@@ -229,11 +239,11 @@ class UdevInjector:
             names = sorted((self.sys / "bus/pci/devices" / bus_id / "net").glob("*"))
             if not names:
                 raise InjectionError(f"PCI function {bus_id} has no network interface on the simulated node")
-            return Path(os.path.realpath(names[0]))
+            return self.inside(names[0])
         entry = self.sys / "class/net" / interface
         if not entry.is_dir():
             raise InjectionError(f"no network interface {interface!r} on the simulated node at {self.root}")
-        return Path(os.path.realpath(entry))
+        return self.inside(entry)
 
     def _event(self, action: str, device: Path) -> Uevent:
         devpath = "/" + str(device.relative_to(self.sys))
