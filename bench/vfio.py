@@ -141,9 +141,8 @@ async def main() -> None:
                 server.add_node(NODE)
                 settings = settings_for(memory, server.write_kubeconfig(memory / "kubeconfig"), "dgx-h100",
                                         backends=("nvidia-gpu", "sriov-nic")).model_copy(
-                    # The node on disk, not in RAM: the simulated kernel reaches it by its resolved path, which
-                    # must not lie below /dev (umockdev's preload would take each file it opens for a device node
-                    # and keep a socket for it: the process runs out of descriptors after a few hundred cycles).
+                    # The node on disk, as in the figures measured before a node in RAM became usable here (see
+                    # docs/performance.md, "vfio passthrough prepare").
                     update={"state_dir": disk / "state", "sim_root": disk / "node"})
                 agent = AgentProcess(settings, env)
                 await agent.start()
