@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ class NoModel(Untyped):
 
 
 @pytest.fixture
-def installed(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def installed(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The test FPGA backends installed as a distribution (dist-info with entry points); returns the profile."""
     site = scratch / "site"
     site.mkdir()
@@ -42,7 +42,11 @@ def installed(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.syspath_prepend(str(site))
     for module in ("fpga_backends", "kit_variants"):
         monkeypatch.delitem(sys.modules, module, raising=False)
-    return BROKEN / "fpga-node.yaml"
+    yield BROKEN / "fpga-node.yaml"
+    # Imported from a folder that goes with the test: left in sys.modules, a later test of this process importing
+    # the same name would get code whose source file is gone.
+    for module in ("fpga_backends", "kit_variants"):
+        sys.modules.pop(module, None)
 
 
 def test_builtin_backends_pass(run_cli: Callable[..., CliResult]) -> None:

@@ -4,6 +4,7 @@ message that says what to fix."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,9 @@ class TestFpga(BackendSuite):
 
 
 @pytest.fixture
-def author(pytester: pytest.Pytester) -> pytest.Pytester:
+def author(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A plugin author's project: the backends, the node profile, and no other configuration."""
+    monkeypatch.delitem(sys.modules, "fpga_backends", raising=False)  # this project's copy, not another test's
     pytester.makepyfile(fpga_backends=(HERE / "fpga_backends.py").read_text())
     pytester.makefile(".yaml", **{"fpga-node": (HERE / "fpga-node.yaml").read_text()})
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n"

@@ -6,7 +6,6 @@ read, a vendor library call) and the backend line that made it.
 from __future__ import annotations
 
 import asyncio
-import linecache
 import sys
 import threading
 import time
@@ -42,10 +41,7 @@ class Stall:
         text = (f"{self.phase}: the event loop was blocked for {self.seconds * 1000:.0f} ms "
                 f"(limit {LIMIT * 1000:.0f} ms)")
         if where is not None:
-            # The watch thread's read of the source line can lose a race with linecache's upkeep in the loop
-            # thread and come back empty: read it again here.
-            line = (where.line or "").strip() or linecache.getline(where.filename, where.lineno or 0).strip()
-            text += f" at {where.filename}:{where.lineno} in {where.name}: `{line}`"
+            text += f" at {where.filename}:{where.lineno} in {where.name}: `{(where.line or '').strip()}`"
             inner = self.stack[-1]
             if inner is not where:
                 text += f" (inside {Path(inner.filename).name}:{inner.lineno} {inner.name})"
