@@ -62,9 +62,10 @@ async def readiness(cluster: DemoCluster, story: Story, nodes: Sequence[DemoNode
 
 async def all_gpus(cluster: DemoCluster, story: Story) -> None:
     story.say("One ResourceClaim asks for every full GPU of a node (allocationMode: All) of the class "
-              "gpu.nvidia.com. The same claim lands on three different GKE machine shapes and gets what each has.")
+              "gpu.nvidia.com. The same claim (one copy per node) lands on three different GKE machine shapes and gets "
+              "what each has.")
     spec = claim_spec(request("gpus", "gpu.nvidia.com", all_devices=True))
-    show_claim(story, "all-gpus", spec)
+    show_claim(story, "all-gpus-<node>", spec)
     for node, count, product in GKE_NODES:
         name = f"all-gpus-{node}"
         cluster.create_claim(name, spec)
