@@ -116,6 +116,37 @@ async def agent_in_process(root: Path, profile: str = "dgx-h100", **extra: Any) 
         yield InProcess(agent, server, settings)
 
 
+@dataclass
+class TwoAgents:
+    """A node served by one `dra-agent run` process, then by a second on the same state, files and hardware,
+    after the first crashed or was killed; the kubelet simulator watches both."""
+
+    server: TestApiServer
+    settings: Settings
+    first: AgentProcess
+    second: AgentProcess
+    kubelet: KubeletSimulator
+
+
+@asynccontextmanager
+async def two_agents(root: Path, profile: str, *, env: dict[str, str] | None = None, failpoint: str | None = None,
+                     **extra: Any) -> AsyncIterator[TwoAgents]:
+    """The first agent started (crashing at `failpoint`, if given) and the kubelet simulator watching; the test
+    starts the second. Both are stopped at the end."""
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        settings = settings_for(root, server.write_kubeconfig(root / "kubeconfig"), profile, **extra)
+        crash = {"DRA_AGENT_FAILPOINTS": failpoint} if failpoint else {}
+        first, second = AgentProcess(settings, {**(env or {}), **crash}), AgentProcess(settings, env)
+        try:
+            await first.start()
+            async with KubeletSimulator(settings.registry_dir) as kubelet:
+                yield TwoAgents(server, settings, first, second, kubelet)
+        finally:
+            await first.stop()
+            await second.stop()
+
+
 class AgentProcess:
     """`dra-agent run` as a child process."""
 

@@ -14,18 +14,15 @@ import pynvml
 import pytest
 import yaml
 
-from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator
 from backends.simulation.node import SimulatedNode
 from backends.simulation.nvml import SimulatedNvml
 from tests.agent_env import (
-    NODE,
-    AgentProcess,
     agent_in_process,
     allocate,
     journal_entries,
     plugin_after_restart,
-    settings_for,
+    two_agents,
 )
 
 GPU = "gpu.nvidia.com"
@@ -159,64 +156,47 @@ async def test_sharing_on_a_mig_device_time_slices_as_it_is_and_refuses_exclusiv
 
 @pytest.mark.parametrize("point", ["prepare-after-backends", "prepare-after-cdi"])
 async def test_a_crash_after_the_mode_changed_is_undone_at_restart(scratch: Path, point: str) -> None:
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
-                                backends=("nvidia-gpu",))
-        crashing = AgentProcess(settings, {"DRA_AGENT_FAILPOINTS": point})
-        restarted = AgentProcess(settings)
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",), failpoint=point) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        crashing, restarted = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        try:
-            await crashing.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                ref = allocate(server, "shared", [("gpu", GPU, DEVICE)], gpu_config(EXCLUSIVE))
-                with pytest.raises(KubeletError):
-                    await plugin.prepare([ref])
-                assert await crashing.wait() == -signal.SIGKILL
-                assert mode_on_node(sim) == EXCLUSIVE_PROCESS
-                # The checkpoint holds no restore record yet: the journal alone knows the mode to put back.
-                await restarted.start()
-                plugin = await plugin_after_restart(kubelet, plugin)
-                assert mode_on_node(sim) == DEFAULT
-                assert journal(settings.state_dir) == {}
-                await plugin.prepare_or_raise([ref])  # the kubelet retries
-                assert mode_on_node(sim) == EXCLUSIVE_PROCESS
-                assert await plugin.unprepare([ref]) == {ref.uid: ""}
-                assert mode_on_node(sim) == DEFAULT
-        finally:
-            await crashing.stop()
-            await restarted.stop()
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        ref = allocate(server, "shared", [("gpu", GPU, DEVICE)], gpu_config(EXCLUSIVE))
+        with pytest.raises(KubeletError):
+            await plugin.prepare([ref])
+        assert await crashing.wait() == -signal.SIGKILL
+        assert mode_on_node(sim) == EXCLUSIVE_PROCESS
+        # The checkpoint holds no restore record yet: the journal alone knows the mode to put back.
+        await restarted.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        assert mode_on_node(sim) == DEFAULT
+        assert journal(settings.state_dir) == {}
+        await plugin.prepare_or_raise([ref])  # the kubelet retries
+        assert mode_on_node(sim) == EXCLUSIVE_PROCESS
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert mode_on_node(sim) == DEFAULT
 
 
 async def test_at_start_a_mode_set_for_a_claim_no_longer_held_is_put_back(scratch: Path) -> None:
     """The checkpoint is lost while a claim's compute mode is set: the journal says the agent set it, no claim
     holds the GPU, so the next start puts the old mode back."""
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
-                                backends=("nvidia-gpu",))
-        first, second = AgentProcess(settings), AgentProcess(settings)
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",)) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        first, second = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        try:
-            await first.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                ref = allocate(server, "shared", [("gpu", GPU, DEVICE)], gpu_config(EXCLUSIVE))
-                await plugin.prepare_or_raise([ref])
-                await first.stop()  # killed
-                assert mode_on_node(sim) == EXCLUSIVE_PROCESS
-                (settings.state_dir / GPU / "checkpoint.journal").unlink()
-                await second.start()
-                await plugin_after_restart(kubelet, plugin)
-                assert mode_on_node(sim) == DEFAULT
-                assert "restoring a GPU compute mode set for a claim no longer prepared" in second.output()
-                assert journal(settings.state_dir) == {}
-        finally:
-            await first.stop()
-            await second.stop()
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        ref = allocate(server, "shared", [("gpu", GPU, DEVICE)], gpu_config(EXCLUSIVE))
+        await plugin.prepare_or_raise([ref])
+        await first.stop()  # killed
+        assert mode_on_node(sim) == EXCLUSIVE_PROCESS
+        (settings.state_dir / GPU / "checkpoint.journal").unlink()
+        await second.start()
+        await plugin_after_restart(kubelet, plugin)
+        assert mode_on_node(sim) == DEFAULT
+        assert "restoring a GPU compute mode set for a claim no longer prepared" in second.output()
+        assert journal(settings.state_dir) == {}
 
 
 def test_the_simulated_compute_mode_is_per_gpu_not_per_mig_device_and_outlives_the_process(

@@ -18,7 +18,6 @@ import pytest
 import structlog
 import yaml
 
-from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
 from backends.contract import BackendContext
 from backends.failpoints import MIG_POINTS
@@ -33,7 +32,7 @@ from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.simulation.node import SimulatedNode, mig_minor
 from backends.simulation.variants import in_mig_mode
 from backends.topology import TopologyReader
-from tests.agent_env import NODE, AgentProcess, agent_in_process, allocate, plugin_after_restart, settings_for
+from tests.agent_env import agent_in_process, allocate, plugin_after_restart, two_agents
 from tests.slice_checks import assert_valid_slices
 
 GPU = "gpu.nvidia.com"
@@ -185,38 +184,29 @@ CRASHES = {
 
 @pytest.mark.parametrize("point", [*MIG_POINTS, "prepare-after-backends", "prepare-after-cdi"])
 async def test_a_crash_while_making_a_mig_device_is_undone_at_restart(scratch: Path, point: str) -> None:
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        profile = dgx_h100_in_mig_mode(scratch)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), str(profile),
-                                backends=("nvidia-mig",))
-        env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
-        crashing = AgentProcess(settings, {**env, "DRA_AGENT_FAILPOINTS": point})
-        restarted = AgentProcess(settings, env)
+    profile = dgx_h100_in_mig_mode(scratch)
+    env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
+    async with two_agents(scratch, str(profile), backends=("nvidia-mig",), env=env, failpoint=point) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        crashing, restarted = run.first, run.second
         assert settings.sim_root is not None
-        try:
-            await crashing.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                device = "gpu-0000-18-00-0-mig-1g10gb-19-2"
-                ref = allocate(server, "train", [("mig", GPU, device)])
-                with pytest.raises(KubeletError):
-                    await plugin.prepare([ref])
-                assert await crashing.wait() == -signal.SIGKILL
-                assert made_on_node(settings.sim_root, "0000:18:00.0") == CRASHES[point]
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        device = "gpu-0000-18-00-0-mig-1g10gb-19-2"
+        ref = allocate(server, "train", [("mig", GPU, device)])
+        with pytest.raises(KubeletError):
+            await plugin.prepare([ref])
+        assert await crashing.wait() == -signal.SIGKILL
+        assert made_on_node(settings.sim_root, "0000:18:00.0") == CRASHES[point]
 
-                await restarted.start()
-                plugin = await plugin_after_restart(kubelet, plugin)
-                # Recovery rolled the claim back, and with it the MIG device the crash left.
-                assert made_on_node(settings.sim_root, "0000:18:00.0") == []
-                result = await plugin.prepare_or_raise([ref])  # the kubelet retries
-                assert result[ref.uid].devices[0].device == device
-                assert made_on_node(settings.sim_root, "0000:18:00.0") == [("1g.10gb", 2, 1)]
-                assert await plugin.unprepare([ref]) == {ref.uid: ""}
-                assert made_on_node(settings.sim_root, "0000:18:00.0") == []
-        finally:
-            await crashing.stop()
-            await restarted.stop()
+        await restarted.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        # Recovery rolled the claim back, and with it the MIG device the crash left.
+        assert made_on_node(settings.sim_root, "0000:18:00.0") == []
+        result = await plugin.prepare_or_raise([ref])  # the kubelet retries
+        assert result[ref.uid].devices[0].device == device
+        assert made_on_node(settings.sim_root, "0000:18:00.0") == [("1g.10gb", 2, 1)]
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert made_on_node(settings.sim_root, "0000:18:00.0") == []
 
 
 async def test_a_static_mig_device_is_handed_out_and_left_in_place(scratch: Path) -> None:
@@ -255,29 +245,21 @@ async def test_a_gpu_waiting_for_a_reset_to_leave_mig_mode_is_not_partitioned(
 async def test_at_start_mig_devices_no_claim_holds_any_more_are_destroyed(scratch: Path) -> None:
     """The checkpoint is lost (a disk replaced, a state folder wiped) while a MIG device the agent made exists:
     the ledger says it is the agent's, no claim holds it, so the next start destroys it."""
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"),
-                                str(dgx_h100_in_mig_mode(scratch)), backends=("nvidia-mig",))
-        env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
-        first, second = AgentProcess(settings, env), AgentProcess(settings, env)
+    env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
+    async with two_agents(scratch, str(dgx_h100_in_mig_mode(scratch)), backends=("nvidia-mig",), env=env) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        first, second = run.first, run.second
         assert settings.sim_root is not None
-        try:
-            await first.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                ref = allocate(server, "train", [("mig", GPU, "gpu-0000-18-00-0-mig-2g20gb-14-2")])
-                await plugin.prepare_or_raise([ref])
-                await first.stop()  # killed
-                assert made_on_node(settings.sim_root, "0000:18:00.0") == [("2g.20gb", 2, 1)]
-                (settings.state_dir / GPU / "checkpoint.journal").unlink()
-                await second.start()
-                await plugin_after_restart(kubelet, plugin)
-                assert made_on_node(settings.sim_root, "0000:18:00.0") == []
-                assert "destroying a MIG device made for a claim no longer prepared" in second.output()
-        finally:
-            await first.stop()
-            await second.stop()
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        ref = allocate(server, "train", [("mig", GPU, "gpu-0000-18-00-0-mig-2g20gb-14-2")])
+        await plugin.prepare_or_raise([ref])
+        await first.stop()  # killed
+        assert made_on_node(settings.sim_root, "0000:18:00.0") == [("2g.20gb", 2, 1)]
+        (settings.state_dir / GPU / "checkpoint.journal").unlink()
+        await second.start()
+        await plugin_after_restart(kubelet, plugin)
+        assert made_on_node(settings.sim_root, "0000:18:00.0") == []
+        assert "destroying a MIG device made for a claim no longer prepared" in second.output()
 
 
 def test_an_intent_left_by_a_crash_is_finished_with_what_it_made(sim_node: Callable[[str], SimulatedNode],

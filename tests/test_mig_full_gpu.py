@@ -14,19 +14,16 @@ import pytest
 import yaml
 
 from agent.inventory import BackendReport, merge_pools
-from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
 from backends.failpoints import MIG_WHOLE_POINTS
 from backends.simulation.nvml import SimulatedNvml
 from tests.agent_env import (
-    NODE,
-    AgentProcess,
     InProcess,
     agent_in_process,
     allocate,
     journal_entries,
     plugin_after_restart,
-    settings_for,
+    two_agents,
 )
 from tests.test_mig import DYNAMIC, dgx_h100_in_mig_mode
 
@@ -157,66 +154,51 @@ def mig_enabled_on_node(sim_root: Path, bus_id: str = BUS_ID) -> bool:
 
 @pytest.mark.parametrize("point", [*MIG_WHOLE_POINTS, "prepare-after-backends"])
 async def test_a_crash_while_taking_the_whole_gpu_is_undone_at_restart(scratch: Path, point: str) -> None:
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"),
-                                str(dgx_h100_in_mig_mode(scratch)), backends=("nvidia-gpu", "nvidia-mig"))
-        env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
-        crashing = AgentProcess(settings, {**env, "DRA_AGENT_FAILPOINTS": point})
-        restarted = AgentProcess(settings, env)
+    env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
+    async with two_agents(scratch, str(dgx_h100_in_mig_mode(scratch)),
+                          backends=("nvidia-gpu", "nvidia-mig"), env=env, failpoint=point) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        crashing, restarted = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        try:
-            await crashing.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                ref = allocate(server, "whole", [("gpu", GPU, WHOLE)])
-                with pytest.raises(KubeletError):
-                    await plugin.prepare([ref])
-                assert await crashing.wait() == -signal.SIGKILL
-                # The intent is recorded before MIG mode changes.
-                assert mig_enabled_on_node(sim) == (point == "mig-whole-after-intent")
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        ref = allocate(server, "whole", [("gpu", GPU, WHOLE)])
+        with pytest.raises(KubeletError):
+            await plugin.prepare([ref])
+        assert await crashing.wait() == -signal.SIGKILL
+        # The intent is recorded before MIG mode changes.
+        assert mig_enabled_on_node(sim) == (point == "mig-whole-after-intent")
 
-                await restarted.start()
-                plugin = await plugin_after_restart(kubelet, plugin)
-                assert mig_enabled_on_node(sim), "the rollback turned MIG mode on again"
-                assert whole_journal(settings.state_dir) == {}
-                result = await plugin.prepare_or_raise([ref])  # the kubelet retries
-                assert result[ref.uid].devices[0].device == WHOLE
-                assert not mig_enabled_on_node(sim)
-                assert await plugin.unprepare([ref]) == {ref.uid: ""}
-                assert mig_enabled_on_node(sim)
-        finally:
-            await crashing.stop()
-            await restarted.stop()
+        await restarted.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        assert mig_enabled_on_node(sim), "the rollback turned MIG mode on again"
+        assert whole_journal(settings.state_dir) == {}
+        result = await plugin.prepare_or_raise([ref])  # the kubelet retries
+        assert result[ref.uid].devices[0].device == WHOLE
+        assert not mig_enabled_on_node(sim)
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert mig_enabled_on_node(sim)
 
 
 async def test_at_start_a_gpu_held_whole_for_a_claim_no_longer_held_goes_back_to_mig_mode(scratch: Path) -> None:
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"),
-                                str(dgx_h100_in_mig_mode(scratch)), backends=("nvidia-gpu", "nvidia-mig"))
-        env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
-        first, second = AgentProcess(settings, env), AgentProcess(settings, env)
+    env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(DYNAMIC)}
+    async with two_agents(scratch, str(dgx_h100_in_mig_mode(scratch)),
+                          backends=("nvidia-gpu", "nvidia-mig"), env=env) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        first, second = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        try:
-            await first.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                ref = allocate(server, "whole", [("gpu", GPU, WHOLE)])
-                await plugin.prepare_or_raise([ref])
-                await first.stop()  # killed
-                assert not mig_enabled_on_node(sim)
-                (settings.state_dir / GPU / "checkpoint.journal").unlink()
-                await second.start()
-                await plugin_after_restart(kubelet, plugin)
-                assert mig_enabled_on_node(sim)
-                assert "turning MIG mode on again on a GPU held whole" in second.output()
-                assert whole_journal(settings.state_dir) == {}
-        finally:
-            await first.stop()
-            await second.stop()
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        ref = allocate(server, "whole", [("gpu", GPU, WHOLE)])
+        await plugin.prepare_or_raise([ref])
+        await first.stop()  # killed
+        assert not mig_enabled_on_node(sim)
+        (settings.state_dir / GPU / "checkpoint.journal").unlink()
+        await second.start()
+        await plugin_after_restart(kubelet, plugin)
+        assert mig_enabled_on_node(sim)
+        assert "turning MIG mode on again on a GPU held whole" in second.output()
+        assert whole_journal(settings.state_dir) == {}
 
 
 async def test_an_admin_access_claim_of_the_whole_gpu_leaves_its_mig_mode_alone(scratch: Path) -> None:

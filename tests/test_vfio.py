@@ -35,6 +35,7 @@ from tests.agent_env import (
     journal_entries,
     plugin_after_restart,
     settings_for,
+    two_agents,
     wait_until,
 )
 from tests.udev_env import preload_env
@@ -163,66 +164,49 @@ async def test_an_invalid_vfio_config_fails_the_claim(scratch: Path) -> None:
 
 @pytest.mark.parametrize("point", [*VFIO_POINTS, "prepare-after-backends"])
 async def test_a_crash_while_passing_a_gpu_through_is_undone_at_restart(scratch: Path, point: str) -> None:
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
-                                backends=("nvidia-gpu",))
-        crashing = AgentProcess(settings, {"DRA_AGENT_FAILPOINTS": point})
-        restarted = AgentProcess(settings)
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",), failpoint=point) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        crashing, restarted = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        try:
-            await crashing.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                ref = allocate(server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
-                with pytest.raises(KubeletError):
-                    await plugin.prepare([ref])
-                assert await crashing.wait() == -signal.SIGKILL
-                # The intent is recorded before any write; after it the override alone is not written yet.
-                expected = "nvidia" if point == "vfio-after-intent" else "vfio-pci"
-                assert driver_of(sim, GPU_BDF) == expected
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        ref = allocate(server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
+        with pytest.raises(KubeletError):
+            await plugin.prepare([ref])
+        assert await crashing.wait() == -signal.SIGKILL
+        # The intent is recorded before any write; after it the override alone is not written yet.
+        expected = "nvidia" if point == "vfio-after-intent" else "vfio-pci"
+        assert driver_of(sim, GPU_BDF) == expected
 
-                await restarted.start()
-                plugin = await plugin_after_restart(kubelet, plugin)
-                assert driver_of(sim, GPU_BDF) == "nvidia"
-                assert override_of(sim, GPU_BDF) == "(null)"
-                result = await plugin.prepare_or_raise([ref])  # the kubelet retries
-                assert result[ref.uid].devices[0].device == "gpu-0000-18-00-0"
-                assert driver_of(sim, GPU_BDF) == "vfio-pci"
-                assert await plugin.unprepare([ref]) == {ref.uid: ""}
-                assert driver_of(sim, GPU_BDF) == "nvidia"
-        finally:
-            await crashing.stop()
-            await restarted.stop()
+        await restarted.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        assert driver_of(sim, GPU_BDF) == "nvidia"
+        assert override_of(sim, GPU_BDF) == "(null)"
+        result = await plugin.prepare_or_raise([ref])  # the kubelet retries
+        assert result[ref.uid].devices[0].device == "gpu-0000-18-00-0"
+        assert driver_of(sim, GPU_BDF) == "vfio-pci"
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert driver_of(sim, GPU_BDF) == "nvidia"
 
 
 async def test_at_start_a_vf_no_claim_holds_any_more_goes_back_to_its_driver(scratch: Path) -> None:
     """The checkpoint is lost while a VF is on vfio-pci: the ledger says the agent bound it, no claim holds it."""
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
-                                backends=("sriov-nic",))
-        first, second = AgentProcess(settings), AgentProcess(settings)
+    async with two_agents(scratch, "dgx-h100", backends=("sriov-nic",)) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        first, second = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        try:
-            await first.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
-                ref = allocate(server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
-                await plugin.prepare_or_raise([ref])
-                await first.stop()  # killed
-                assert driver_of(sim, VF_BDF) == "vfio-pci"
-                (settings.state_dir / SRIOV / "checkpoint.journal").unlink()
-                await second.start()
-                await plugin_after_restart(kubelet, plugin)
-                assert driver_of(sim, VF_BDF) == "mlx5_core"
-                assert "returning a device bound to vfio-pci" in second.output()
-                assert ledger(settings.state_dir, "sriov-nic") == {}
-        finally:
-            await first.stop()
-            await second.stop()
+        plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
+        ref = allocate(server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
+        await plugin.prepare_or_raise([ref])
+        await first.stop()  # killed
+        assert driver_of(sim, VF_BDF) == "vfio-pci"
+        (settings.state_dir / SRIOV / "checkpoint.journal").unlink()
+        await second.start()
+        await plugin_after_restart(kubelet, plugin)
+        assert driver_of(sim, VF_BDF) == "mlx5_core"
+        assert "returning a device bound to vfio-pci" in second.output()
+        assert ledger(settings.state_dir, "sriov-nic") == {}
 
 
 def _bare_function(sysfs: Path, bus_id: str, group: int, driver: str) -> Path:
@@ -329,41 +313,33 @@ async def test_a_gpu_passed_through_stays_published_while_nvml_cannot_see_it(scr
     """Bound to vfio-pci, the GPU is gone from NVML (the other GPUs are numbered again, which rediscovery after the
     bind's uevent shows); it stays published as it was, also after a restart, and comes back from NVML at
     unprepare."""
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
-                                backends=("nvidia-gpu",))
-        first, second = AgentProcess(settings), AgentProcess(settings)
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",)) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        first, second = run.first, run.second
         held, neighbour = "gpu-0000-18-00-0", "gpu-0000-1c-00-0"
-        try:
-            await first.start()
-            async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
-                await wait_until(lambda: len(published_gpus(server)) == 8)
-                before = published_gpus(server)
-                assert nvml_index(before[neighbour]) == 1
-                ref = allocate(server, "vm", [("dev", GPU, held)], passthrough(GPU))
-                await plugin.prepare_or_raise([ref])
-                await wait_until(lambda: nvml_index(published_gpus(server)[neighbour]) == 0)
-                assert published_gpus(server)[held] == before[held], "published as it was"
-                assert len(published_gpus(server)) == 8
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        await wait_until(lambda: len(published_gpus(server)) == 8)
+        before = published_gpus(server)
+        assert nvml_index(before[neighbour]) == 1
+        ref = allocate(server, "vm", [("dev", GPU, held)], passthrough(GPU))
+        await plugin.prepare_or_raise([ref])
+        await wait_until(lambda: nvml_index(published_gpus(server)[neighbour]) == 0)
+        assert published_gpus(server)[held] == before[held], "published as it was"
+        assert len(published_gpus(server)) == 8
 
-                await first.stop()  # killed while the GPU is passed through
-                for piece in server.objects("resourceslices"):
-                    server.delete_object("resourceslices", piece["metadata"]["name"], namespace="")
-                await second.start()
-                plugin = await plugin_after_restart(kubelet, plugin)
-                await wait_until(lambda: len(published_gpus(server)) == 8)
-                assert published_gpus(server)[held] == before[held], "from the journal after a restart"
-                assert nvml_index(published_gpus(server)[neighbour]) == 0, "NVML still does not list it"
+        await first.stop()  # killed while the GPU is passed through
+        for piece in server.objects("resourceslices"):
+            server.delete_object("resourceslices", piece["metadata"]["name"], namespace="")
+        await second.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        await wait_until(lambda: len(published_gpus(server)) == 8)
+        assert published_gpus(server)[held] == before[held], "from the journal after a restart"
+        assert nvml_index(published_gpus(server)[neighbour]) == 0, "NVML still does not list it"
 
-                assert await plugin.unprepare([ref]) == {ref.uid: ""}
-                assert driver_of(settings.sim_root, GPU_BDF) == "nvidia"  # type: ignore[arg-type]
-                await wait_until(lambda: nvml_index(published_gpus(server)[neighbour]) == 1)
-                assert published_gpus(server) == before, "found by NVML again"
-        finally:
-            await first.stop()
-            await second.stop()
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert driver_of(settings.sim_root, GPU_BDF) == "nvidia"  # type: ignore[arg-type]
+        await wait_until(lambda: nvml_index(published_gpus(server)[neighbour]) == 1)
+        assert published_gpus(server) == before, "found by NVML again"
 
 
 @pytest.fixture
