@@ -174,14 +174,14 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
 
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         kept, lost_warnings = kept_while_lost(self._devices, problems, "index")
+        lost = {p.index for p in problems if p.lost}
         # GPUs whose MIG mode is unknown are reported here, not by nvidia-mig, so each fault shows once; but a lost
         # GPU last seen in MIG mode is nvidia-mig's to report (and to keep).
-        quiet = {d.attributes.get("index") for d in kept} | {p.index for p in problems if p.lost} & self._mig_gpus
+        quiet = {d.attributes.get("index") for d in kept} | lost & self._mig_gpus
         warnings = [p.message for p in problems if not p.mig_enabled and p.index not in quiet] + lost_warnings
         # A GPU nvidia-mig holds whole for a claim is out of MIG mode meanwhile, and still nvidia-mig's.
         whole = held_whole(self.ctx.sysfs_root)
         mine = [g for g in gpus if not g.mig_enabled and g.bus_id not in whole]
-        lost = {p.index for p in problems if p.lost}
         self._mig_gpus = {g.index for g in gpus if g not in mine} | lost & self._mig_gpus
         devices: list[Device] = []
         for gpu in mine:
