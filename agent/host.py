@@ -44,7 +44,8 @@ def open_host(settings: Settings) -> Iterator[Host]:
         return
     from backends.simulation.node import simulated_node  # only simulated runs pay for the simulator
 
-    if settings.sim_root is not None and _is_agent_run():
+    agent_run = _is_agent_run()
+    if settings.sim_root is not None and agent_run:
         from backends.simulation.udev_preload import reexec_for
 
         # Returns only when this process already runs under the preload, or cannot.
@@ -52,7 +53,8 @@ def open_host(settings: Settings) -> Iterator[Host]:
         if reason:
             get_logger("host").warning("simulated node without udev events", reason=reason)
 
-    with simulated_node(settings.simulate, settings.sim_root) as node:
+    # The agent's simulated kernel runs beside it, as a real kernel does, not in a thread taking turns with it.
+    with simulated_node(settings.simulate, settings.sim_root, kernel_process=agent_run) as node:
         yield Host(node.sysfs, node.dev, node.root, node.profile.name)
 
 

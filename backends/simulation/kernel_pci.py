@@ -184,7 +184,8 @@ class PciCore:
 
 class _ClassDeviceInjector(UdevInjector):
     """Takes class devices away and brings them back; their only links from elsewhere are their entries under
-    class/, so finding those needs no walk of the whole tree (which costs tens of milliseconds on a large node)."""
+    class/, named as the devices are, so finding those needs neither a walk of the whole tree (tens of
+    milliseconds on a large node) nor a look at every entry of those folders."""
 
     def __init__(self, root: Path, class_dirs: tuple[str, ...]) -> None:
         super().__init__(root)
@@ -192,10 +193,13 @@ class _ClassDeviceInjector(UdevInjector):
 
     def _links_into(self, moved: list[Path]) -> list[Path]:
         targets = tuple(str(p) + os.sep for p in moved)
+        names = {f for path in moved if path.is_dir() and not path.is_symlink()
+                 for f in (path.name, *(d for _, dirs, _ in os.walk(path) for d in dirs))}
         found: list[Path] = []
         for name in self.class_dirs:
             folder = self.sys / "class" / name
-            for entry in folder.iterdir() if folder.is_dir() else ():
+            for device in sorted(names):
+                entry = folder / device
                 if entry.is_symlink():
                     target = os.path.normpath(os.path.join(folder, os.readlink(entry))) + os.sep
                     if target.startswith(targets):

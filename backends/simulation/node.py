@@ -14,6 +14,7 @@ from pathlib import Path
 
 from backends.simulation.catalog import GPU_MODELS
 from backends.simulation.kernel import SimulatedKernel
+from backends.simulation.kernel_process import KernelProcess
 from backends.simulation.layout import NodePlan, plan_node
 from backends.simulation.nvml import SimGpu, SimulatedNvml
 from backends.simulation.nvml_control import control_socket, serve_control
@@ -196,9 +197,11 @@ def _memory_dir() -> str | None:
 
 
 @contextmanager
-def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iterator[SimulatedNode]:
+def simulated_node(profile: str | NodeProfile, root: Path | None = None,
+                   kernel_process: bool = False) -> Iterator[SimulatedNode]:
     """A node from a profile (name, path or object) with its NVML installed, its control channel served and its
-    kernel reacting to sysfs writes (see `kernel`) for the duration of the block.
+    kernel reacting to sysfs writes (see `kernel`) for the duration of the block: from a thread of this process,
+    or with `kernel_process` from a process of its own (see `kernel_process`), as for `dra-agent run`.
 
     Without `root` the node lives in a temporary folder removed afterwards; with `root` it is kept there
     (see `SimulatedNode.open`).
@@ -206,13 +209,19 @@ def simulated_node(profile: str | NodeProfile, root: Path | None = None) -> Iter
     spec = load_profile(profile) if isinstance(profile, str) else profile
     if root is not None:
         node = SimulatedNode.open(spec, root)
-        with node.nvml, serve_control(node.nvml, node.root), SimulatedKernel(node.root, node.plan):
+        with node.nvml, serve_control(node.nvml, node.root), _kernel(node, kernel_process):
             yield node
         return
     base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir()))
     try:
         node = SimulatedNode.build(spec, base)
-        with node.nvml, serve_control(node.nvml, node.root), SimulatedKernel(node.root, node.plan):
+        with node.nvml, serve_control(node.nvml, node.root), _kernel(node, kernel_process):
             yield node
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _kernel(node: SimulatedNode, in_process_of_its_own: bool) -> SimulatedKernel | KernelProcess:
+    if in_process_of_its_own:
+        return KernelProcess(node.root, node.profile)
+    return SimulatedKernel(node.root, node.plan)

@@ -1,0 +1,91 @@
+"""The simulated kernel in a process of its own (as `dra-agent run` on a simulated node has it): it reacts to the
+writes of the process that opened the node, and it never outlives that process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from backends.simulation.kernel_process import KernelProcess, KernelProcessError
+from backends.simulation.node import simulated_node
+from backends.simulation.profile import load_profile
+from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
+
+GPU_BDF = "0000:18:00.0"
+
+
+def driver(sysfs: Path, bus_id: str) -> str:
+    return os.path.basename(os.readlink(sysfs / "bus/pci/devices" / bus_id / "driver"))
+
+
+def test_the_kernel_process_reacts_to_writes_as_the_thread_does(scratch: Path) -> None:
+    with simulated_node("dgx-h100", scratch / "node", kernel_process=True) as node:
+        assert not any(t.name.startswith("simulated-kernel") for t in threading.enumerate())
+        rebinder = Rebinder(node.sysfs)
+        rebinder.to_vfio(GPU_BDF, Deadline(10))
+        assert driver(node.sysfs, GPU_BDF) == VFIO_PCI
+        group = os.path.basename(os.readlink(node.sysfs / "bus/pci/devices" / GPU_BDF / "iommu_group"))
+        assert (node.dev / "vfio" / group).exists()
+        pynvml.nvmlInit()
+        try:
+            assert pynvml.nvmlDeviceGetCount() == 7, "NVML in this process sees what the kernel process did"
+        finally:
+            pynvml.nvmlShutdown()
+        rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
+        assert driver(node.sysfs, GPU_BDF) == "nvidia"
+
+
+def test_the_kernel_process_ends_with_the_process_that_started_it(scratch: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from backends.simulation.node import simulated_node\n"
+        "from backends.simulation import kernel_process\n"
+        "started = []\n"
+        "real = kernel_process.KernelProcess.start\n"
+        "def start(self):\n"
+        "    started.append(real(self))\n"
+        "    return started[-1]\n"
+        "kernel_process.KernelProcess.start = start\n"
+        "with simulated_node('gke-n1-t4x2', Path(sys.argv[1]), kernel_process=True):\n"
+        "    print(started[0]._process.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(scratch / "node")], stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert parent.stdout is not None
+        kernel = int(parent.stdout.readline())
+        assert _alive(kernel)
+        parent.send_signal(signal.SIGKILL)  # no clean-up of any kind
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(kernel):
+            assert time.monotonic() < deadline, "the kernel process outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_a_kernel_process_that_cannot_start_is_reported(scratch: Path) -> None:
+    with pytest.raises(KernelProcessError, match="failed to start"):
+        KernelProcess(scratch / "no-such-node", load_profile("gke-n1-t4x2")).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
