@@ -1,11 +1,13 @@
 """Moving a PCI function between drivers through sysfs, within a deadline.
 
-A write to `unbind` or `drivers_probe` runs the driver's remove or probe inside the kernel and can block for as
-long as the driver takes (a GPU with a process holding it can block unbind indefinitely), so writes run in a
-daemon writer thread that is abandoned when a write outlives its deadline (the next write gets a new one); the
-thread is kept between writes, as starting a thread per write cost a few hundred microseconds each. The effect of
-a write is confirmed by re-reading the function's `driver` link until it names the expected driver (a driver's
-probe may finish after the write returns): soon at first, then less often.
+A write to `unbind` or `drivers_probe` runs the driver's remove or probe inside the kernel, and even a write to
+`driver_override` waits for the device's lock while one runs; a GPU with a process holding it can block unbind
+indefinitely. So the writes run in a daemon writer thread that is abandoned when it outlives its deadline (later
+work gets a new one). One function's whole change (override, unbind, probe, and the waits between) is one job
+for that thread: handing each write over separately cost two thread switches each. The thread is kept between
+jobs, as starting one per job cost a few hundred microseconds. The effect of a write is confirmed by re-reading
+the function's `driver` link until it names the expected driver (a driver's probe may finish after the write
+returns): soon at first, then less often.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,37 +44,34 @@ class Deadline:
 
 
 @dataclass
-class _Write:
-    """One write handed to the writer thread, and how it ended."""
+class _Job:
+    """Work handed to the writer thread, and how it ended; `abandoned` once its caller has given up on it."""
 
-    path: Path
-    value: str
+    run: Callable[[_Job], None]
     done: threading.Event = field(default_factory=threading.Event)
-    error: OSError | None = None
+    error: BaseException | None = None
+    abandoned: bool = False
+    writing: str = ""  # the write in progress, for the message when it does not return
 
 
 class _Writer:
-    """A daemon thread that makes the writes handed to it, one after the other."""
+    """A daemon thread that runs the jobs handed to it, one after the other."""
 
     def __init__(self) -> None:
-        self._writes: queue.SimpleQueue[_Write] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="sysfs-writer", daemon=True).start()
 
-    def submit(self, write: _Write) -> None:
-        self._writes.put(write)
+    def submit(self, job: _Job) -> None:
+        self._jobs.put(job)
 
     def _run(self) -> None:
         while True:
-            write = self._writes.get()
+            job = self._jobs.get()
             try:
-                fd = os.open(write.path, os.O_WRONLY)
-                try:
-                    os.write(fd, write.value.encode())
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                write.error = e
-            write.done.set()
+                job.run(job)
+            except BaseException as e:  # handed to the caller
+                job.error = e
+            job.done.set()
 
 
 class Rebinder:
@@ -90,30 +90,39 @@ class Rebinder:
 
     def to_vfio(self, bus_id: str, deadline: Deadline) -> None:
         """Override, unbind, probe; return once vfio-pci holds the function."""
-        if self.driver(bus_id) == VFIO_PCI:
+        current = self.driver(bus_id)
+        if current == VFIO_PCI:
             return
-        self.write(self.folder(bus_id) / "driver_override", VFIO_PCI, deadline)
-        if self.driver(bus_id) is not None:
-            self.write(self.folder(bus_id) / "driver/unbind", bus_id, deadline)
-            self.wait_for(bus_id, None, deadline)
-        self.write(self.sysfs / "bus/pci/drivers_probe", bus_id, deadline)
-        self.wait_for(bus_id, VFIO_PCI, deadline)
+
+        def steps(job: _Job) -> None:
+            self._write_now(job, self.folder(bus_id) / "driver_override", VFIO_PCI)
+            if current is not None:  # an override changes no binding: the driver read above still holds
+                self._write_now(job, self.folder(bus_id) / "driver/unbind", bus_id)
+                self.wait_for(bus_id, None, deadline)
+            self._write_now(job, self.sysfs / "bus/pci/drivers_probe", bus_id)
+            self.wait_for(bus_id, VFIO_PCI, deadline)
+
+        self._run(steps, deadline, f"binding {bus_id} to {VFIO_PCI}")
 
     def back_to(self, bus_id: str, original: str | None, deadline: Deadline) -> None:
         """Clear the override and hand the function back to `original` (None: leave it unbound)."""
         if not self.folder(bus_id).is_dir():
             return  # the function is gone (a VF disabled, a device removed): nothing to give back
-        # A newline clears driver_override on every kernel (an empty write is refused by some).
-        self.write(self.folder(bus_id) / "driver_override", "\n", deadline)
-        current = self.driver(bus_id)
-        if current == original:
-            return
-        if current is not None:
-            self.write(self.folder(bus_id) / "driver/unbind", bus_id, deadline)
-            self.wait_for(bus_id, None, deadline)
-        if original is not None:
-            self.write(self.sysfs / "bus/pci/drivers_probe", bus_id, deadline)
-            self.wait_for(bus_id, original, deadline)
+
+        def steps(job: _Job) -> None:
+            # A newline clears driver_override on every kernel (an empty write is refused by some).
+            self._write_now(job, self.folder(bus_id) / "driver_override", "\n")
+            current = self.driver(bus_id)
+            if current == original:
+                return
+            if current is not None:
+                self._write_now(job, self.folder(bus_id) / "driver/unbind", bus_id)
+                self.wait_for(bus_id, None, deadline)
+            if original is not None:
+                self._write_now(job, self.sysfs / "bus/pci/drivers_probe", bus_id)
+                self.wait_for(bus_id, original, deadline)
+
+        self._run(steps, deadline, f"handing {bus_id} back to {original or 'no driver'}")
 
     def wait_for(self, bus_id: str, driver: str | None, deadline: Deadline) -> None:
         poll = _FIRST_POLL
@@ -134,17 +143,40 @@ class Rebinder:
     def write(self, path: Path, value: str, deadline: Deadline) -> None:
         """Write `value` to a sysfs control file, giving up (the writer thread stays blocked) when the deadline
         passes."""
-        write = _Write(path, value)
+        self._run(lambda job: self._write_now(job, path, value), deadline, "")
+
+    def _run(self, steps: Callable[[_Job], None], deadline: Deadline, what: str) -> None:
+        """Run `steps` in the writer thread; PrepareError when they fail or outlive the deadline."""
+        job = _Job(steps)
         with self._writer_lock:
             if self._writer is None:
                 self._writer = _Writer()
             writer = self._writer
-        writer.submit(write)
-        if not write.done.wait(deadline.left()):
+        writer.submit(job)
+        if not job.done.wait(deadline.left()):
+            job.abandoned = True  # what it has not written yet, it will not write
             with self._writer_lock:
                 if self._writer is writer:
-                    self._writer = None  # stuck in the kernel: later writes go to a new thread
-            raise PrepareError(f"writing {value.strip()!r} to {path} did not return within "
-                               f"{deadline.seconds:g} s; the kernel may still be busy with it")
-        if write.error is not None:
-            raise PrepareError(f"cannot write {value.strip()!r} to {path}: {write.error.strerror or write.error}")
+                    self._writer = None  # stuck in the kernel: later work goes to a new thread
+            if not job.writing:
+                raise PrepareError(f"{what or 'the write'} did not finish within {deadline.seconds:g} s")
+            stuck = f"{job.writing} did not return within {deadline.seconds:g} s; the kernel may still be busy with it"
+            raise PrepareError(f"{what}: {stuck}" if what else stuck)
+        if job.error is not None:
+            raise job.error
+
+    @staticmethod
+    def _write_now(job: _Job, path: Path, value: str) -> None:
+        """One write, from the writer thread."""
+        if job.abandoned:
+            raise PrepareError(f"not writing {value.strip()!r} to {path}: given up")
+        job.writing = f"writing {value.strip()!r} to {path}"
+        try:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, value.encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise PrepareError(f"cannot write {value.strip()!r} to {path}: {e.strerror or e}") from None
+        job.writing = ""
