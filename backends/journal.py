@@ -1,13 +1,15 @@
-"""A durable map of string keys to JSON objects, kept as an append-only journal: what a backend changed on the
-hardware, so that a restart can finish or undo it.
+"""A map of string keys to JSON objects, kept as an append-only journal: what a backend changed on the hardware,
+so that a restart can finish or undo it.
 
-Each change is one JSON line (`{"put": [key, value]}` or `{"remove": key}`) made durable with one `fdatasync`,
-unless its writer says it need not be: a record that only adds to what an earlier durable record already lets a
-restart recover (ids learnt after an intent) is written without one, and becomes durable with the next record.
-A process crash loses no written line either way (the page cache outlives the process); a power cut may lose
-such a record, which the earlier one covers. A line torn by a crash is the last one and is ignored on load.
-When the journal holds many more lines than entries it is rewritten whole, atomically (temporary file, fsync,
-rename, directory fsync).
+Each change is one JSON line (`{"put": [key, value]}` or `{"remove": key}`). A written line survives any crash of
+the agent's process (the kernel's page cache outlives it); a power cut keeps only what was synced. So how much
+is synced follows what the journal records. A change that ends with a reboot (a vfio binding, a MIG instance, a
+compute mode) needs no sync at all: the power cut that loses its record also undoes the change, as the node
+restarts. A journal of changes that outlive a reboot (a GPU's MIG mode) is `durable`: each line is made durable
+with one `fdatasync`, unless its writer says it need not be (ids learnt after an intent already synced, which
+lets a restart recover without them), and then it becomes durable with the next record. A line torn by a crash
+is the last one and is ignored on load. When the journal holds many more lines than entries it is rewritten
+whole, atomically (temporary file, fsync, rename, directory fsync).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class Journal:
     """The entries, in memory and in the file at `path`; not thread-safe: one owner serialises its calls.
     `problems` lists what loading skipped, for the owner to log."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, durable: bool = True) -> None:
         self.path = path
+        self.durable = durable  # whether its records must survive a power cut: they record what outlives a reboot
         self._entries: dict[str, dict[str, Any]] = {}
         self._lines = 0
         self._fd: int | None = None
@@ -66,7 +69,8 @@ class Journal:
         return self._entries.get(key)
 
     def put(self, key: str, value: dict[str, Any], durable: bool = True) -> None:
-        """Set `key`; with `durable` False the line is written but not synced (see the module's docstring)."""
+        """Set `key`; with `durable` False (or in a journal that is not) the line is written but not synced (see
+        the module's docstring)."""
         self._append({"put": [key, value]}, durable)
         self._entries[key] = value
 
@@ -87,7 +91,7 @@ class Journal:
             self._compact()
         assert self._fd is not None
         os.write(self._fd, json.dumps(record, separators=(",", ":")).encode() + b"\n")
-        if durable:
+        if durable and self.durable:
             os.fdatasync(self._fd)  # also makes every earlier line durable
         self._lines += 1
 

@@ -8,8 +8,9 @@ backend publishes; PCI bridges need no driver and are left alone. A network func
 the host's traffic is never taken.
 
 Crash safety: before any driver changes, the original driver of every member is recorded in a journal in the
-backend's state directory (the intent, synced to disk); once every member is on vfio-pci the entry is recorded
-again as bound (not synced: the intent alone already says what to give back).
+backend's state directory (the intent); once every member is on vfio-pci the entry is recorded again as bound.
+Neither is synced to disk: a written record survives any crash of the agent, and a power cut, which may lose
+it, reboots the node, which ends every binding and override with it (see `Journal`).
 Unprepare, the core's rollback of a prepare a crash cut short, and `reconcile` at start all hand the members back
 to their original drivers from that journal, and drop the entry.
 """
@@ -60,7 +61,9 @@ class Passthrough:
         self.ctx = ctx
         self.claim_seconds = claim_seconds
         self._rebinder = Rebinder(ctx.sysfs_root)
-        self._journal = Journal(ctx.state_dir / "vfio-ledger.json") if ctx.state_dir is not None else None
+        # Not synced: bindings and overrides end with a reboot, as does a record lost to a power cut.
+        self._journal = (Journal(ctx.state_dir / "vfio-ledger.json", durable=False) if ctx.state_dir is not None
+                         else None)
         self._loaded = False
         self._lock = threading.Lock()
 

@@ -286,28 +286,24 @@ def test_an_intent_left_by_a_crash_is_finished_with_what_it_made(sim_node: Calla
     assert node.nvml.instances(0) == [] and list(ledger) == []
 
 
-def test_a_power_cut_after_making_leaves_enough_on_disk_to_destroy_it(sim_node: Callable[[str], SimulatedNode],
-                                                                        tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The intent is on disk before NVML creates anything; the ids recorded after it are not synced, and a power
-    cut that loses them still leaves the instance found (at the intent's placement) and destroyed."""
+def test_the_ledger_is_written_before_nvml_and_never_waits_for_the_disk(
+        sim_node: Callable[[str], SimulatedNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The intent is in the file before NVML creates anything, so a crash of the agent (which keeps what the
+    process wrote) leaves enough to find the instance and destroy it. Nothing is synced: a power cut that could
+    lose the record reboots the node, which takes the instance away too."""
     node = sim_node(str(dgx_h100_in_mig_mode(tmp_path)))
     path = tmp_path / "ledger.json"
     ledger = MigLedger(path)
     ledger.load()
-    on_disk = [path.stat().st_size]  # the journal's size at each sync: what a power cut keeps
-    synced_at_create: list[int] = []
-    real_sync, real_create = os.fdatasync, mig_dynamic.create_gpu_instance
-
-    def sync(fd: int) -> None:
-        real_sync(fd)
-        on_disk.append(os.fstat(fd).st_size)
+    syncs: list[int] = []
+    written_at_create: list[bytes] = []
+    real_create = mig_dynamic.create_gpu_instance
 
     def create(*args: Any) -> int:
-        synced_at_create.append(on_disk[-1])
+        written_at_create.append(path.read_bytes())
         return real_create(*args)
 
-    monkeypatch.setattr(os, "fdatasync", sync)
+    monkeypatch.setattr(os, "fdatasync", syncs.append)
     monkeypatch.setattr(mig_dynamic, "create_gpu_instance", create)
     maker = MigMaker(ledger, MigEdits(node.root), structlog.get_logger("nvidia-mig"))
     with nvml_session():
@@ -315,15 +311,14 @@ def test_a_power_cut_after_making_leaves_enough_on_disk_to_destroy_it(sim_node: 
         _, _, offers = dynamic_devices(gpu, {}, TopologyReader(node.sysfs).lookup(gpu.bus_id))
     device = "gpu-0000-18-00-0-mig-1g10gb-19-2"
     maker.make("uid", device, offers[device])
-    assert len(on_disk) == 2, "one sync per make: the intent's"
-    assert synced_at_create == [on_disk[1]] and on_disk[1] > on_disk[0], "the intent was on disk before NVML"
-    ledger.close()
+    assert syncs == [], "no disk sync per make"
+    assert device.encode() in written_at_create[0], "the intent was in the file before NVML"
 
-    with path.open("r+b") as f:  # the power cut: what was not synced is lost
-        f.truncate(on_disk[-1])
+    # A crash right after the GPU instance was made: the file as the intent left it.
+    path.write_bytes(written_at_create[0])
     after = MigLedger(path)
     after.load()
     (entry,) = after
-    assert entry.gpu_instance is None, "only the intent survived"
+    assert entry.gpu_instance is None, "only the intent"
     MigMaker(after, MigEdits(node.root), structlog.get_logger("nvidia-mig")).unmake("uid", device)
     assert node.nvml.instances(0) == [] and list(after) == []

@@ -1,11 +1,10 @@
 """The MIG devices this agent created, kept on disk so that a restart can tell its own instances from the ones an
 operator or another tool made, and can finish or undo a prepare a crash cut short.
 
-Each entry is written durably before NVML is asked to create anything (the intent: claim, device, GPU, profile,
+Each entry is written before NVML is asked to create anything (the intent: claim, device, GPU, profile,
 placement), and again once the GPU instance and its compute instance exist (their ids). An entry goes when its
-instance is destroyed. Stored in a `Journal`: the intent and the removal cost one fdatasync each; the ids are
-written without one (durable with the next record), because the intent alone already lets a restart find the
-instance (the one at its placement) should they be lost.
+instance is destroyed. Stored in a `Journal` that is not synced: GPU and compute instances end with a reboot, so
+a power cut that loses records also takes their instances away; a crash of the agent loses no written record.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ class MigLedger:
     """The entries, in memory and in the journal at `path`; not thread-safe: one owner serialises its calls."""
 
     def __init__(self, path: Path) -> None:
-        self._journal = Journal(path)
+        self._journal = Journal(path, durable=False)  # instances end with a reboot
         self.problems: list[str] = []
 
     def load(self) -> None:
@@ -67,9 +66,9 @@ class MigLedger:
         return entry
 
     def update(self, entry: LedgerEntry, **changes: Any) -> LedgerEntry:
-        """Add what an intent led to (the instances' ids): not synced, the intent covers its loss."""
+        """Add what an intent led to (the instances' ids)."""
         updated = replace(entry, **changes)
-        self._journal.put(updated.key, asdict(updated), durable=False)
+        self._journal.put(updated.key, asdict(updated))
         return updated
 
     def remove(self, entry: LedgerEntry) -> None:

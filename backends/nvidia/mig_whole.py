@@ -53,7 +53,8 @@ class WholeGpus:
     call from a worker thread; calls are serialised."""
 
     def __init__(self, state_dir: Path, sysfs_root: Path, log: FilteringBoundLogger) -> None:
-        self._journal = Journal(state_dir / "mig-whole.json")
+        # Synced: a GPU's MIG mode outlives a reboot, so its record must outlive a power cut.
+        self._journal = Journal(state_dir / "mig-whole.json", durable=True)
         self._node = _node(sysfs_root)
         self._log = log
         self._lock = threading.Lock()

@@ -58,10 +58,11 @@ def _name(mode: int) -> str:
 
 class ComputeModes:
     """The compute modes one backend set for claims, and its journal of the modes the GPUs had
-    (`<state_dir>/compute-modes.json`). Blocking (NVML, fsync): call from a worker thread; calls are serialised."""
+    (`<state_dir>/compute-modes.json`). Blocking (NVML, files): call from a worker thread; calls are serialised."""
 
     def __init__(self, state_dir: Path | None, log: FilteringBoundLogger) -> None:
-        self._journal = Journal(state_dir / "compute-modes.json") if state_dir is not None else None
+        # Not synced: the driver sets every GPU's compute mode back to Default when it loads after a reboot.
+        self._journal = Journal(state_dir / "compute-modes.json", durable=False) if state_dir is not None else None
         self._log = log
         self._lock = threading.Lock()
         self._loaded = False
