@@ -65,6 +65,7 @@ class SriovNicBackend(PassthroughBackend):
     driver = "sriov.dra-agent.io"
     config_types = (VfioConfig,)
     config_model = SriovBackendConfig
+    records_own_changes = True  # vfio bindings are journalled (synced) before they change
 
     def __init__(self) -> None:
         super().__init__()

@@ -56,6 +56,7 @@ class TpuBackend(BuiltinBackend):
 
     name = "tpu"
     driver = "tpu.google.com"
+    records_own_changes = True  # prepare changes nothing on the node
 
     def __init__(self) -> None:
         super().__init__()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,48 @@ def test_a_failed_write_fails_its_callers_only(scratch: Path, monkeypatch: pytes
     monkeypatch.setattr(cp.os, "fdatasync", real_sync)
     prepared(journal, 3)
     assert {uid(1), uid(3)} <= set(reopened(scratch / "j").claims)
+
+
+def test_a_started_record_may_skip_the_sync_and_is_synced_with_the_next(scratch: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = scratch / "gpu.nvidia.com/checkpoint.journal"
+    journal = reopened(path)
+    prepared(journal, 1)  # opens the journal
+    syncs: list[int] = []
+    real_sync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(os.fstat(fd).st_size), real_sync(fd)))
+
+    first = journal.start_unsynced_now(uid(2), "ns", "claim-2", (("gpu-2", "nvidia-gpu"),))
+    second = journal.start(uid(3), "ns", "claim-3", (("gpu-3", "nvidia-gpu"),), durable=False)
+    assert first is not None and first.state == "started" and syncs == []
+    # Written, though not synced: a restarted agent (the page cache outlives a crash) reads both.
+    assert {u: c.state for u, c in reopened(path).claims.items()} == {
+        uid(1): "completed", uid(2): "started", uid(3): "started"}
+    journal.complete(second, ())
+    assert syncs == [path.stat().st_size], "one sync, which takes the earlier lines along"
+
+
+def test_an_unsynced_start_from_the_loop_never_waits_for_another_writer(scratch: Path) -> None:
+    journal = reopened(scratch / "gpu.nvidia.com/checkpoint.journal")
+    assert journal.start_unsynced_now(uid(1), "ns", "claim-1", ()) is None, "not open yet: opening may block"
+    prepared(journal, 2)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another thread in the middle of an append
+        with journal._lock:
+            holding.set()
+            done.wait(5)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    holding.wait(5)
+    try:
+        assert journal.start_unsynced_now(uid(3), "ns", "claim-3", ()) is None
+    finally:
+        done.set()
+        other.join()
+    journal._writing = True  # another thread writing and syncing, the lock let go meanwhile
+    assert journal.start_unsynced_now(uid(3), "ns", "claim-3", ()) is None
+    journal._writing = False
+    assert journal.start_unsynced_now(uid(3), "ns", "claim-3", ()) is not None
+    assert uid(1) not in journal.claims and journal.claims[uid(3)].state == "started"

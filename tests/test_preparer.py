@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.checkpoint import DeviceRecord
+from agent.checkpoint import Checkpoint, DeviceRecord
 from backends.contract import Allocated, ClaimRef, Prepared, PrepareError
 from backends.simulation.node import SimulatedNode
 from tests.cdi_schema import cdi_schema_errors
@@ -275,3 +276,61 @@ async def test_without_driver_files_a_gpu_gets_device_nodes_only(sim_node: Calla
         assert len(warnings) == 1, "said once, not per claim"
     finally:
         await env.close()
+
+
+class Watching:
+    """Wraps a backend: notes, when its prepare runs, how many times the checkpoint was synced and what its file
+    holds; declares `records_own_changes` only when told to."""
+
+    def __init__(self, inner: Any, journal: Path, syncs: list[int], declared: bool) -> None:
+        self.inner, self.journal, self.syncs = inner, journal, syncs
+        self.seen: tuple[int, bytes] | None = None
+        if declared:
+            self.records_own_changes = True
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
+        self.seen = (len(self.syncs), self.journal.read_bytes())
+        result: Sequence[Prepared] = await self.inner.prepare(claim, devices)
+        return result
+
+    async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
+        await self.inner.unprepare(claim, prepared)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_the_started_record_waits_for_the_disk_only_for_backends_that_keep_no_records(
+        env: PrepareEnv, monkeypatch: pytest.MonkeyPatch, declared: bool) -> None:
+    preparer = env.preparer(GPU)
+    gpus = env.devices(GPU)
+    warm = env.claims.add("warm", [("gpu", GPU, gpus[0])])
+    assert (await preparer.prepare([warm]))[warm.uid].error == ""  # the journal is open from now on
+    journal = preparer.checkpoint.path
+    syncs: list[int] = []
+    real_sync = os.fdatasync
+
+    def sync(fd: int) -> None:
+        if os.fstat(fd).st_ino == journal.stat().st_ino:
+            syncs.append(fd)
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", sync)
+    watching = Watching(preparer._owner_of(gpus[1]).backend, journal, syncs, declared)  # type: ignore[union-attr]
+    real_owner = preparer._owner_of
+    preparer._owner_of = lambda d: (o.__class__(o.name, watching, o.config_types)  # type: ignore[assignment,arg-type]
+                                    if (o := real_owner(d)) else None)
+    ref = env.claims.add("train", [("gpu", GPU, gpus[1])])
+    assert (await preparer.prepare([ref]))[ref.uid].error == ""
+    assert watching.seen is not None
+    synced_before, in_file = watching.seen
+    assert f'"uid":"{ref.uid}"'.encode() in in_file and b'"started"' in in_file, "written before the backend ran"
+    assert synced_before == (0 if declared else 1)
+    assert len(syncs) == (1 if declared else 2), "the completed record is synced in any case"
+    assert preparer.checkpoint.claims[ref.uid].state == "completed"
+    assert reopened_state(journal, ref.uid) == "completed"
+
+
+def reopened_state(journal: Path, uid: str) -> str | None:
+    again = Checkpoint(journal, "unused")
+    again.load()
+    record = again.claims.get(uid)
+    return record.state if record else None

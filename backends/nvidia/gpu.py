@@ -28,6 +28,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
     name = "nvidia-gpu"
     driver = "gpu.nvidia.com"
     config_types = (GpuConfig, VfioConfig)
+    records_own_changes = True  # compute modes and vfio bindings are journalled (synced) before they change
 
     def __init__(self) -> None:
         super().__init__()

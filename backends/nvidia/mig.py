@@ -53,6 +53,7 @@ class NvidiaMigBackend(NvidiaBackend):
     driver = "gpu.nvidia.com"
     config_model = MigBackendConfig
     config_types = (GpuConfig,)
+    records_own_changes = True  # MIG devices, MIG mode and compute modes are journalled (synced) first
 
     def __init__(self) -> None:
         super().__init__()

@@ -124,3 +124,10 @@ class Untyped(GoodFpga):
 
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx
+
+
+class ClaimsOwnRecords(GoodFpga):
+    """Declares that it records its own changes, yet keeps no record and has no reconcile: a prepare the core lost
+    its record of is never undone."""
+
+    records_own_changes = True

@@ -159,6 +159,29 @@ async def interrupted_prepare(bench: Bench) -> list[str]:
                              "unprepare gets only the device names when the core crashed before recording the "
                              "answer: find what was made for the claim from the hardware or a journal in "
                              "ctx.state_dir, and undo it")
+    declared = getattr(restarted.backend, "records_own_changes", False) is True
+    await restarted.stop()
+    if declared:
+        problems += await _lost_started_record(bench)
+    return problems
+
+
+async def _lost_started_record(bench: Bench) -> list[str]:
+    """With `records_own_changes`, the core's `started` record is not synced, and a power cut may lose it: the
+    backend's own records and `reconcile` alone must then undo the prepare."""
+    first = await bench.start()
+    claim = bench.claim("unrecorded")
+    devices = await first.devices()
+    initial = await settled_state(bench.node)
+    await first.prepare(claim, first.allocate(devices))
+    await first.stop()
+    restarted = await bench.start()
+    await restarted.discover("discover after a crash that lost the core's record")
+    await restarted.reconcile({})
+    problems = _left_changed(initial, await settled_state(bench.node), "reconcile after a prepare the core has no "
+                             "record of", "declaring records_own_changes says that reconcile undoes every change made "
+                             "for a claim the core does not hold: record each change in ctx.state_dir before "
+                             "making it, and undo it in reconcile (or drop the declaration)")
     await restarted.stop()
     return problems
 

@@ -7,7 +7,8 @@ memory as a capacity. A claim gets the card's device nodes (the driver's `acme_f
 Crash safety: before a card is reprogrammed, the image it had is written to a journal file in the backend's state
 directory. The same image goes into the `Prepared.restore` record. Unprepare takes the image from the record, or
 from the journal when the record is empty (the core's roll-back after a crash), and `reconcile` hands back the
-cards of claims the core no longer holds.
+cards of claims the core no longer holds (so the backend declares `records_own_changes`). The journal entry is
+synced before the card is touched: some cards keep their image in flash, across a reboot.
 
 Health, from udev: a card whose device node is gone (its `acme_fpga` class device removed while the driver holds
 the card) stays published and is unhealthy (cause `device-node-missing`) until the node is back; PCI functions of
@@ -67,6 +68,9 @@ class AcmeFpgaBackend(BuiltinBackend):
     driver = "fpga.acme.example"
     config_model = AcmeFpgaSettings
     config_types: ClassVar[tuple[type[FpgaConfig], ...]] = (FpgaConfig,)
+    # Every change (a bitstream) is journalled durably before it is made, and reconcile gives back what no claim
+    # holds: the core need not wait for the disk before calling prepare.
+    records_own_changes: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
