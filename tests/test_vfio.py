@@ -5,6 +5,7 @@ refusals for groups with devices not ours and for interfaces carrying the host's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -230,19 +231,36 @@ async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(s
     sysfs = scratch / "sys"
     folder = _bare_function(sysfs, "0000:01:00.0", 5, "nvidia")
     os.mkfifo(folder / "driver_override")
+    unbind = sysfs / "bus/pci/drivers/nvidia/unbind"
+    unbind.write_text("")
     ctx = BackendContext(sysfs, scratch / "dev", scratch, TopologyReader(sysfs), {}, structlog.get_logger("vfio"),
                          state_dir=scratch / "state")
     vfio = Passthrough(ctx, claim_seconds=0.3)
     started = time.monotonic()
+    released = False
     try:
         with pytest.raises(PrepareError, match=r"driver_override did not return within 0\.3 s"):
             await vfio.prepare("uid", [("gpu-0000-01-00-0", "0000:01:00.0")], {"0000:01:00.0"})
         assert time.monotonic() - started < 3, "the claim fails at its deadline, not when the kernel returns"
         assert os.path.basename(os.readlink(folder / "driver")) == "nvidia"
+        release(folder / "driver_override")
+        released = True
+        await asyncio.sleep(0.2)
+        assert unbind.read_text() == "", "a change given up on goes no further once the kernel returns"
     finally:
         vfio.close()
-        for _ in range(4):  # let the abandoned writers finish
-            os.close(os.open(folder / "driver_override", os.O_RDONLY | os.O_NONBLOCK))
+        if not released:
+            release(folder / "driver_override")
+
+
+def release(fifo: Path) -> None:
+    """Let the writers blocked on a FIFO finish their writes."""
+    for _ in range(4):
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        time.sleep(0.05)  # a blocked writer opens and writes now
+        with contextlib.suppress(BlockingIOError):
+            os.read(fd, 4096)
+        os.close(fd)
 
 
 def test_a_write_stuck_in_the_kernel_does_not_hold_up_the_next_one(tmp_path: Path) -> None:
@@ -275,6 +293,26 @@ def test_the_journal_survives_a_torn_last_line_and_compacts(tmp_path: Path) -> N
     again.load()
     assert list(again) == [("a/gpu", {"members": {GPU_BDF: "nvidia"}})] and again.problems == []
     assert path.read_text().count("\n") == 1, "loading rewrites the journal with the live entries only"
+    again.close()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_journal_syncs_only_records_of_what_outlives_a_reboot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 durable: bool) -> None:
+    journal = Journal(tmp_path / "journal.json", durable=durable)
+    journal.load()
+    syncs: list[int] = []
+    real_sync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
+    journal.put("a/gpu", {"members": {GPU_BDF: "nvidia"}})  # an intent
+    journal.put("a/gpu", {"members": {GPU_BDF: "nvidia"}, "bound": True}, durable=False)  # what it led to
+    journal.remove("a/gpu")
+    assert len(syncs) == (2 if durable else 0)
+    journal.put("b/vf", {"members": {VF_BDF: "mlx5_core"}})
+    journal.close()
+    again = Journal(tmp_path / "journal.json")  # every written line is read back, synced or not
+    again.load()
+    assert list(again) == [("b/vf", {"members": {VF_BDF: "mlx5_core"}})]
     again.close()
 
 
