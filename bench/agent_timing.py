@@ -22,11 +22,24 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["environment", "install", "spans_within"]
+__all__ = ["AGENT_SPANS", "agent_share", "environment", "install", "spans_within"]
 
 TIMES, TIMED = "DRA_BENCH_TIMES", "DRA_BENCH_TIMED"
 
 Record = Callable[[str, float, float], None]
+
+AGENT_SPANS = [("prepare", "agent.kubelet_api:_DraServicer.NodePrepareResources"),
+               ("unprepare", "agent.kubelet_api:_DraServicer.NodeUnprepareResources"),
+               ("claim-read", "agent.kube:KubeClient.get_claim")]
+"""What `agent_share` needs timed: the agent's handling of a kubelet call, and its read of the claim."""
+
+
+def agent_share(within: Callable[[str, float, float], list[float]], call: str, began: float, ended: float) -> float:
+    """The time the agent spent on one kubelet call (`call`: "prepare" or "unprepare") between `began` and
+    `ended`: from its gRPC handler receiving the request to the handler's response, less the claim read (the API
+    server's round trip). What it leaves out is the API server's, the transport's and the kubelet's own time (and
+    gRPC's, which a request with no claims shows: `bench/prepare.py`)."""
+    return sum(within(call, began, ended)) - sum(within("claim-read", began, ended))
 
 
 class _TimedOs:

@@ -7,10 +7,12 @@
 2. the same NVML work done directly in this process on an identical simulated node: list the profiles once,
    then create GPU instance + compute instance, and destroy them, `--cycles` times.
 
-The agent's overhead beyond NVML, call by call: the latency at the kubelet minus the time the agent spent in
-the NVML calls of that call (create GPU instance, create compute instance, destroy, and the lookups), timed inside
-the agent (bench/agent_timing.py). (2) shows what the same NVML work costs alone, in a quiet process. The agent
-runs as its own process with its checkpoint and MIG ledger on disk (fdatasync), as in bench/prepare.py.
+Overheads beyond NVML, call by call, beside the time the agent spent in the NVML calls of that call (create GPU
+instance, create compute instance, destroy, and the lookups), timed inside the agent (bench/agent_timing.py):
+at the kubelet (its latency less NVML: it includes the kubelet's gRPC client, the transport and the API server's
+answer to the claim read), and the agent's (its gRPC handler's time less NVML and the claim read; see
+`agent_share`). (2) shows what the same NVML work costs alone, in a quiet process. The agent runs as its own
+process with its checkpoint and MIG ledger on disk, as in bench/prepare.py.
 
     python bench/mig.py [--cycles 300]
 """
@@ -36,7 +38,7 @@ from backends.nvidia.nvml import nvml_session
 from backends.nvidia.nvml_mig import create_compute_instance, create_gpu_instance, destroy_mig
 from backends.simulation.node import simulated_node
 from backends.simulation.profile import load_profile
-from bench.agent_timing import environment, spans_within
+from bench.agent_timing import AGENT_SPANS, agent_share, environment, spans_within
 from bench.machine import conditions
 from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for
 
@@ -89,7 +91,7 @@ async def through_the_agent(profile: Path, cycles: int, memory: Path, disk: Path
     """(began, prepared, unprepared) of each cycle; the agent's NVML calls are timed into memory/nvml-times."""
     spans = []
     timing = environment(memory, memory / "nvml-times",
-                         [("nvml", f"backends.nvidia.mig_dynamic:{name}") for name in NVML_CALLS])
+                         [*(("nvml", f"backends.nvidia.mig_dynamic:{name}") for name in NVML_CALLS), *AGENT_SPANS])
     async with TestApiServer() as server:
         server.add_node(NODE)
         settings = settings_for(memory, server.write_kubeconfig(memory / "kubeconfig"), str(profile),
@@ -134,8 +136,9 @@ async def main() -> None:
         total = [span[end] - span[start] for span in spans]
         nvml = [sum(within("nvml", span[start], span[end])) for span in spans]
         overhead = [t - n for t, n in zip(total, nvml, strict=True)]
+        own = [agent_share(within, phase, span[start], span[end]) - n for span, n in zip(spans, nvml, strict=True)]
         print(f"through the agent, {phase}: total {ms(total)}; in NVML calls {ms(nvml)}; "
-              f"agent overhead beyond NVML {ms(overhead)}")
+              f"overhead beyond NVML at the kubelet {ms(overhead)}; agent overhead beyond NVML {ms(own)}")
     print(conditions())
 
 

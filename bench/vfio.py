@@ -1,17 +1,20 @@
 """Benchmark: vfio-pci passthrough prepare and unprepare on `dra-agent run` (simulated dgx-h100), against the
 sysfs writes they make and the simulated kernel's reaction to them.
 
-The agent runs as its own process (`nvidia-gpu` and `sriov-nic`, checkpoint and vfio journals on disk with
-fdatasync, the simulated kernel reacting to sysfs writes in its process, as in bench/prepare.py); the test API
-server and the kubelet simulator run in this process. Per cycle, a claim with the opaque `VfioConfig` for one
-device is prepared (the agent records the original driver, binds the device's IOMMU group to vfio-pci, writes
-the CDI spec and the checkpoint), then unprepared (the original driver back), rotating over the 8 GPUs and over
-8 VFs (one per PF). For comparison, a plain prepare of the same GPUs (no `VfioConfig`) in the same process.
+The agent runs as its own process (`nvidia-gpu` and `sriov-nic`, checkpoint and vfio journals on disk, the
+simulated node in RAM as sysfs is, its kernel reacting to sysfs writes from a process of its own, as in
+bench/prepare.py); the test API server and the kubelet simulator run in this process. Per cycle, a claim with
+the opaque `VfioConfig` for one device is prepared (the agent records the original driver, binds the device's
+IOMMU group to vfio-pci, writes the CDI spec and the checkpoint), then unprepared (the original driver back),
+rotating over the 8 GPUs and over 8 VFs (one per PF). For comparison, a plain prepare of the same GPUs (no
+`VfioConfig`) in the same process.
 
 Inside the agent (bench/agent_timing.py), each sysfs write's system calls (open to close, in the writer thread)
-and each wait for the driver link to change (the kernel's reaction, seen by polling every 2 ms) are timed; the
-agent's overhead of a call is its latency at the kubelet minus that sysfs time, call by call. Before each cycle
-the benchmark waits for the agent to be idle (see `quiet`).
+and each wait for the driver link to change (the kernel's reaction, seen by polling every 2 ms at most) are
+timed, and so are the agent's gRPC handler and its read of the claim. Per call, two overheads beyond that sysfs
+time: at the kubelet (its latency less the sysfs time: it includes the kubelet's gRPC client, the transport and
+the API server's answer to the claim read), and the agent's (its handler's time less the sysfs time and the claim
+read; see `agent_share`). Before each cycle the benchmark waits for the agent to be idle (see `quiet`).
 
     python bench/vfio.py [--cycles 200]
 """
@@ -34,14 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletSimulator, Plugin
-from bench.agent_timing import environment, spans_within
+from bench.agent_timing import AGENT_SPANS, agent_share, environment, spans_within
 from bench.machine import conditions
 from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for, wait_until
 
 GPU, SRIOV = "gpu.nvidia.com", "sriov.dra-agent.io"
 VFIO_CONFIG = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "VfioConfig"}
-TIMED = [("write", "backends.vfio_sysfs:os"), ("call", "backends.vfio_sysfs:Rebinder.write"),
-         ("wait", "backends.vfio_sysfs:Rebinder.wait_for")]
+TIMED = [("write", "backends.vfio_sysfs:os"), ("wait", "backends.vfio_sysfs:Rebinder.wait_for"),
+         *AGENT_SPANS]
 WARM_UP = 5  # cycles of each kind not counted: the first prepare of a backend loads its journal
 
 
@@ -110,7 +113,7 @@ def line(label: str, values: list[float]) -> str:
 
 def report(calls: Calls, within: Callable[[str, float, float], list[float]]) -> None:
     for phase, (start, end) in (("prepare", (0, 1)), ("unprepare", (1, 2))):
-        total, sysfs, overhead, hops, writes, waits = [], [], [], [], [], []
+        total, sysfs, overhead, own, writes, waits = [], [], [], [], [], []
         for span in calls.spans:
             began, ended = span[start], span[end]
             write, wait = within("write", began, ended), within("wait", began, ended)
@@ -118,13 +121,13 @@ def report(calls: Calls, within: Callable[[str, float, float], list[float]]) -> 
             total.append(ended - began)
             sysfs.append(used)
             overhead.append(ended - began - used)
-            hops.append(sum(within("call", began, ended)) - sum(write))
+            own.append(agent_share(within, phase, began, ended) - used)
             writes.append(len(write))
             waits.append(len(wait))
         print(f"{calls.name} {phase} ({len(total)} calls, {statistics.median(writes):.0f} writes and "
               f"{statistics.median(waits):.0f} driver waits each): {line('total', total)}; "
-              f"{line('sysfs writes + kernel reaction', sysfs)}; {line('agent overhead', overhead)} "
-              f"(of which writer threads p50 {pct(hops, 0.5):.2f} ms)")
+              f"{line('sysfs writes + kernel reaction', sysfs)}; {line('overhead at the kubelet', overhead)}; "
+              f"{line('agent overhead', own)}")
 
 
 async def main() -> None:
@@ -141,9 +144,8 @@ async def main() -> None:
                 server.add_node(NODE)
                 settings = settings_for(memory, server.write_kubeconfig(memory / "kubeconfig"), "dgx-h100",
                                         backends=("nvidia-gpu", "sriov-nic")).model_copy(
-                    # The node on disk, as in the figures measured before a node in RAM became usable here (see
-                    # docs/performance.md, "vfio passthrough prepare").
-                    update={"state_dir": disk / "state", "sim_root": disk / "node"})
+                    # The node in RAM, as sysfs is; the journals on disk.
+                    update={"state_dir": disk / "state", "sim_root": memory / "node"})
                 agent = AgentProcess(settings, env)
                 await agent.start()
                 try:
