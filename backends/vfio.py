@@ -29,7 +29,7 @@ from backends.failpoints import failpoint
 from backends.host_net import read_host_network
 from backends.journal import Journal
 from backends.sysfs import SysfsError, list_dir, read_hex, read_int, read_link_name
-from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
+from backends.vfio_sysfs import VFIO_PCI, Deadline, Job, Rebinder, StuckError
 from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["CLAIM_SECONDS", "Passthrough", "PassthroughBackend", "VfioConfig"]
@@ -55,7 +55,10 @@ class VfioConfig(OpaqueConfig):
 class Passthrough:
     """One backend's vfio-pci bindings and their journal (`<state_dir>/vfio-ledger.json`).
 
-    Calls are serialised: two claims never move drivers at the same time."""
+    A claim's driver changes, with the journal records around them, run as one job of the rebinder's writer thread:
+    one hand-over from the event loop and one back per claim. Changes are serialised: two claims never move
+    drivers at the same time. A job given up on at its deadline (stuck in the kernel) is undone from a new writer
+    thread; the stuck one, should the kernel ever return, writes nothing more."""
 
     def __init__(self, ctx: BackendContext, claim_seconds: float = CLAIM_SECONDS) -> None:
         self.ctx = ctx
@@ -65,7 +68,8 @@ class Passthrough:
         self._journal = (Journal(ctx.state_dir / "vfio-ledger.json", durable=False) if ctx.state_dir is not None
                          else None)
         self._loaded = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the journal: used by writer threads (a stuck one's successor too) and the loop
+        self._serial = asyncio.Lock()
 
     async def prepare(self, claim: str, targets: Sequence[tuple[str, str]], published: Collection[str],
                       notes: Mapping[str, Mapping[str, Any]] | None = None) -> list[Prepared]:
@@ -74,37 +78,76 @@ class Passthrough:
         kept with each entry for the backend (see `entries`)."""
         if not targets:
             return []
-        return await asyncio.to_thread(self._prepare, claim, targets, frozenset(published), notes or {})
+        if self._journal is None:
+            raise PrepareError("vfio-pci passthrough is done only by `dra-agent run`, which records it")
+        known, given = frozenset(published), notes or {}
+        deadline = Deadline(self.claim_seconds)
+        async with self._serial:
+            try:
+                done: list[Prepared] = await self._rebinder.run(
+                    lambda job: self._prepare(job, claim, targets, known, given, deadline), deadline,
+                    f"passing {', '.join(d for d, _ in targets)} through")
+            except StuckError:
+                await self._give_back_after(claim, [(device, {}) for device, _ in targets])
+                raise
+        return done
 
     async def entries(self) -> list[dict[str, Any]]:
         """The devices bound (or being bound) for claims: claim, device, group, members, bound, and the backend's
         `notes`."""
         await self._load()
-        return [dict(entry) for _, entry in self._journal] if self._journal is not None else []
+        if self._journal is None:
+            return []
+        with self._lock:
+            return [dict(entry) for _, entry in self._journal]
 
     async def unprepare(self, claim: str, prepared: Sequence[Prepared]) -> None:
         """Hand back what was bound for the claim's devices, from the journal or the restore records."""
         await self._load()
         work = [(p.device, p.restore) for p in prepared if "vfio" in p.restore or self._entry(claim, p.device)]
         if work:
-            await asyncio.to_thread(self._unprepare, claim, work)
+            deadline = Deadline(self.claim_seconds)
+            async with self._serial:
+                await self._rebinder.run(lambda job: self._undo(job, claim, work, deadline), deadline,
+                                         f"handing {', '.join(d for d, _ in work)} back")
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         """Hand back what was bound for claims the core no longer holds."""
         await self._load()
         if self._journal is None:
             return
-        for _, entry in self._journal:
+        with self._lock:
+            entries = [entry for _, entry in self._journal]
+        for entry in entries:
             if entry["device"] not in held.get(entry["claim"], ()):
                 self.ctx.log.warning("returning a device bound to vfio-pci for a claim no longer prepared",
                                      device=entry["device"], claim=entry["claim"], members=entry["members"])
-                await asyncio.to_thread(self._unprepare, entry["claim"], [(entry["device"], {})])
+                await self._hand_back(str(entry["claim"]), str(entry["device"]))
 
     def close(self) -> None:
         if self._journal is not None:
-            self._journal.close()
+            with self._lock:
+                self._journal.close()
 
-    # Blocking, serialised --------------------------------------------------------------------------------------
+    async def _hand_back(self, claim: str, device: str) -> None:
+        items: list[tuple[str, Mapping[str, Any]]] = [(device, {})]
+        deadline = Deadline(self.claim_seconds)
+        async with self._serial:
+            await self._rebinder.run(lambda job: self._undo(job, claim, items, deadline), deadline,
+                                     f"handing {device} back")
+
+    async def _give_back_after(self, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Undo a prepare given up on, from a new writer thread; a failure is logged (the journal keeps the entries,
+        so unprepare or the next start finish the job)."""
+        deadline = Deadline(self.claim_seconds)
+        try:
+            await self._rebinder.run(lambda job: self._undo(job, claim, items, deadline), deadline,
+                                     "handing back after a change that did not finish")
+        except PrepareError as e:
+            self.ctx.log.error("cannot hand devices back from vfio-pci after a failed prepare", claim=claim,
+                               error=str(e))
+
+    # In the writer thread -----------------------------------------------------------------------------------------
 
     async def _load(self) -> None:
         if not self._loaded and self._journal is not None and self._journal.path.exists():
@@ -120,58 +163,65 @@ class Passthrough:
             self._loaded = True
 
     def _entry(self, claim: str, device: str) -> dict[str, Any] | None:
-        return self._journal.get(f"{claim}/{device}") if self._journal is not None else None
-
-    def _prepare(self, claim: str, targets: Sequence[tuple[str, str]], published: frozenset[str],
-                 notes: Mapping[str, Mapping[str, Any]]) -> list[Prepared]:
         if self._journal is None:
-            raise PrepareError("vfio-pci passthrough is done only by `dra-agent run`, which records it")
-        self._load_now()
+            return None
         with self._lock:
-            deadline = Deadline(self.claim_seconds)
-            done: list[Prepared] = []
-            try:
-                for device, bus_id in targets:
-                    done.append(self._prepare_one(claim, device, bus_id, published, deadline, notes.get(device)))
-            except BaseException:
-                # One claim is all or nothing: what this call bound for it goes back.
-                self._undo_quietly(claim, [(p.device, p.restore) for p in done])
-                raise
-            return done
+            return self._journal.get(f"{claim}/{device}")
 
-    def _prepare_one(self, claim: str, device: str, bus_id: str, published: frozenset[str],
+    def _prepare(self, job: Job, claim: str, targets: Sequence[tuple[str, str]], published: frozenset[str],
+                 notes: Mapping[str, Mapping[str, Any]], deadline: Deadline) -> list[Prepared]:
+        self._load_now()
+        done: list[Prepared] = []
+        try:
+            for device, bus_id in targets:
+                done.append(self._prepare_one(job, claim, device, bus_id, published, deadline, notes.get(device)))
+        except BaseException:
+            # One claim is all or nothing: what this call bound for it goes back (given up on: the caller's job).
+            if not job.abandoned:
+                self._undo_quietly(job, claim, [(p.device, p.restore) for p in done])
+            raise
+        return done
+
+    def _prepare_one(self, job: Job, claim: str, device: str, bus_id: str, published: frozenset[str],
                      deadline: Deadline, note: Mapping[str, Any] | None) -> Prepared:
         assert self._journal is not None
         key = f"{claim}/{device}"
-        entry = self._journal.get(key)
+        entry = self._entry(claim, device)
         try:
             group, members = self._group(bus_id, published)
             self._refuse_host_interfaces(members)
         except SysfsError as e:
             raise PrepareError(f"{device}: {e}") from None
-        for other_key, other in self._journal:
+        with self._lock:
+            others = [(k, e) for k, e in self._journal if k != key]
+        for _, other in others:
             taken = set(other["members"]) & set(members)
-            if other_key != key and taken:
+            if taken:
                 raise PrepareError(f"{device}: {', '.join(sorted(taken))} of IOMMU group {group} is passed through "
                                    f"for claim {other['claim']} already")
         # An entry left by an attempt that did not finish knows the drivers from before it.
-        originals: dict[str, str | None] = (dict(entry["members"]) if entry is not None
-                                            else {m: self._rebinder.driver(m) for m in members})
+        current = {m: self._rebinder.driver(m) for m in members}
+        originals: dict[str, str | None] = dict(entry["members"]) if entry is not None else current
         record: dict[str, Any] = {"claim": claim, "device": device, "group": group, "members": originals}
         if entry is not None and "notes" in entry:
             record["notes"] = entry["notes"]
         elif note is not None:
             record["notes"] = dict(note)
-        self._journal.put(key, {**record, "bound": False})
+        with self._lock:
+            self._journal.put(key, {**record, "bound": False})
         failpoint("vfio-after-intent")
         try:
             for member in members:
-                self._rebinder.to_vfio(member, deadline)
+                self._rebinder.to_vfio_in(job, member, current[member], deadline)
         except BaseException:
-            self._undo_quietly(claim, [(device, {})])
+            if not job.abandoned:
+                self._undo_quietly(job, claim, [(device, {})])
             raise
         failpoint("vfio-after-binding")
-        self._journal.put(key, {**record, "bound": True}, durable=False)
+        with self._lock:
+            if job.abandoned:  # the caller is handing the members back meanwhile
+                raise PrepareError(f"{device}: given up")
+            self._journal.put(key, {**record, "bound": True}, durable=False)
         return Prepared(
             device=device,
             edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/vfio/{group}"),)),
@@ -212,31 +262,27 @@ class Passthrough:
                 if reason is not None:
                     raise PrepareError(f"{member}: {reason}; it is left to the host")
 
-    def _unprepare(self, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        self._load_now()
-        with self._lock:
-            self._undo(claim, items)
-
-    def _undo_quietly(self, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    def _undo_quietly(self, job: Job, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
         """Undo after a failed prepare; a failure here is logged, the prepare's own error is what the claim gets
         (the journal keeps the entry, so unprepare or the next start finish the job)."""
         try:
-            self._undo(claim, items)
+            self._undo(job, claim, items, Deadline(self.claim_seconds))
         except PrepareError as e:
             self.ctx.log.error("cannot hand devices back from vfio-pci after a failed prepare", claim=claim,
                                error=str(e))
 
-    def _undo(self, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    def _undo(self, job: Job, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]], deadline: Deadline) -> None:
         """Members back to their original drivers, then the entries go (kept when that fails, for a retry)."""
-        deadline = Deadline(self.claim_seconds)
+        self._load_now()
         for device, restore in items:
             entry = self._entry(claim, device)
             members = entry["members"] if entry is not None else restore.get("vfio", {}).get("members")
             for member, original in (members or {}).items():
                 if original != VFIO_PCI:  # a member vfio-pci held before stays there
-                    self._rebinder.back_to(member, original, deadline)
+                    self._rebinder.back_to_in(job, member, original, deadline)
             if self._journal is not None:
-                self._journal.remove(f"{claim}/{device}")
+                with self._lock:
+                    self._journal.remove(f"{claim}/{device}")
 
 
 class PassthroughBackend(BuiltinBackend):
