@@ -147,8 +147,6 @@ class Passthrough:
             self.ctx.log.error("cannot hand devices back from vfio-pci after a failed prepare", claim=claim,
                                error=str(e))
 
-    # In the writer thread -----------------------------------------------------------------------------------------
-
     async def _load(self) -> None:
         if not self._loaded and self._journal is not None and self._journal.path.exists():
             await asyncio.to_thread(self._load_now)
@@ -167,6 +165,8 @@ class Passthrough:
             return None
         with self._lock:
             return self._journal.get(f"{claim}/{device}")
+
+    # In the writer thread -----------------------------------------------------------------------------------------
 
     def _prepare(self, job: Job, claim: str, targets: Sequence[tuple[str, str]], published: frozenset[str],
                  notes: Mapping[str, Mapping[str, Any]], deadline: Deadline) -> list[Prepared]:
