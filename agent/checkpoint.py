@@ -211,7 +211,7 @@ class Checkpoint:
 
     def record(self, claim: ClaimRecord, durable: bool = True) -> None:
         """Store a claim's new state; durably unless `durable` is False (written, synced by a later record)."""
-        self._append({"format": FORMAT, "op": "claim", "claim": claim.to_json()}, durable)
+        self._append(_claim_line(claim), durable)
         self.claims[claim.uid] = claim
 
     def start(self, uid: str, namespace: str, name: str, devices: tuple[tuple[str, str], ...],
@@ -231,7 +231,7 @@ class Checkpoint:
             if self._writing or self._queue or self._fd is None:
                 return None
             claim = _started(uid, namespace, name, self.boot_id, devices)
-            self._write(_line({"format": FORMAT, "op": "claim", "claim": claim.to_json()}), 1, sync=False)
+            self._write(_claim_line(claim), 1, sync=False)
             self.claims[uid] = claim
             return claim
         finally:
@@ -246,7 +246,7 @@ class Checkpoint:
         """Durably forget a claim."""
         if uid not in self.claims:
             return
-        self._append({"format": FORMAT, "op": "removed", "uid": uid})
+        self._append(_line({"format": FORMAT, "op": "removed", "uid": uid}))
         del self.claims[uid]
         if self._records > len(self.claims) + _COMPACT_AFTER:
             self.compact()
@@ -257,8 +257,7 @@ class Checkpoint:
             while self._writing or self._queue:
                 self._lock.wait()
             tmp = self.path.with_suffix(".tmp")
-            data = b"".join(_line({"format": FORMAT, "op": "claim", "claim": c.to_json()})
-                            for c in list(self.claims.values()))
+            data = b"".join(_claim_line(c) for c in list(self.claims.values()))
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
@@ -281,11 +280,10 @@ class Checkpoint:
             os.close(self._fd)
             self._fd = None
 
-    def _append(self, record: Mapping[str, Any], durable: bool = True) -> None:
-        """Append one record, synced unless `durable` is False. Concurrent callers commit as a group: whoever
-        finds no write in progress writes every queued line, with one fdatasync if any of them needs it, and the
-        others wait for it."""
-        line = _line(record)
+    def _append(self, line: bytes, durable: bool = True) -> None:
+        """Append one journal line, synced unless `durable` is False. Concurrent callers commit as a group:
+        whoever finds no write in progress writes every queued line, with one fdatasync if any of them needs it,
+        and the others wait for it."""
         with self._lock:
             self._queue.append((line, durable))
             self._queued += 1
@@ -333,6 +331,10 @@ class Checkpoint:
         self._records += count
         if size == self._offset + len(data):
             self._offset = size  # nothing else was appended: no need to read our own lines back
+
+
+def _claim_line(claim: ClaimRecord) -> bytes:
+    return _line({"format": FORMAT, "op": "claim", "claim": claim.to_json()})
 
 
 def _started(uid: str, namespace: str, name: str, boot_id: str, devices: tuple[tuple[str, str], ...]) -> ClaimRecord:

@@ -1,15 +1,13 @@
-"""A map of string keys to JSON objects, kept as an append-only journal: what a backend changed on the hardware,
-so that a restart can finish or undo it.
+"""A map of string keys to JSON objects, kept as an append-only journal: what a backend changed on the hardware, so
+that a restart can finish or undo it.
 
 Each change is one JSON line (`{"put": [key, value]}` or `{"remove": key}`). A written line survives any crash of
-the agent's process (the kernel's page cache outlives it); a power cut keeps only what was synced. So how much
-is synced follows what the journal records. A change that ends with a reboot (a vfio binding, a MIG instance, a
+the agent's process (the kernel's page cache outlives it); a power cut keeps only what was synced. So how much is
+synced follows what the journal records. A change that ends with a reboot (a vfio binding, a MIG instance, a
 compute mode) needs no sync at all: the power cut that loses its record also undoes the change, as the node
 restarts. A journal of changes that outlive a reboot (a GPU's MIG mode) is `durable`: each line is made durable
-with one `fdatasync`, unless its writer says it need not be (ids learnt after an intent already synced, which
-lets a restart recover without them), and then it becomes durable with the next record. A line torn by a crash
-is the last one and is ignored on load. When the journal holds many more lines than entries it is rewritten
-whole, atomically (temporary file, fsync, rename, directory fsync).
+with one `fdatasync`. A line torn by a crash is the last one and is ignored on load. When the journal holds many
+more lines than entries it is rewritten whole, atomically (temporary file, fsync, rename, directory fsync).
 """
 
 from __future__ import annotations
@@ -68,10 +66,8 @@ class Journal:
     def get(self, key: str) -> dict[str, Any] | None:
         return self._entries.get(key)
 
-    def put(self, key: str, value: dict[str, Any], durable: bool = True) -> None:
-        """Set `key`; with `durable` False (or in a journal that is not) the line is written but not synced (see
-        the module's docstring)."""
-        self._append({"put": [key, value]}, durable)
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        self._append({"put": [key, value]})
         self._entries[key] = value
 
     def remove(self, key: str) -> None:
@@ -86,13 +82,13 @@ class Journal:
             os.close(self._fd)
             self._fd = None
 
-    def _append(self, record: dict[str, Any], durable: bool = True) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
         if self._fd is None:
             self._compact()
         assert self._fd is not None
         os.write(self._fd, json.dumps(record, separators=(",", ":")).encode() + b"\n")
-        if durable and self.durable:
-            os.fdatasync(self._fd)  # also makes every earlier line durable
+        if self.durable:
+            os.fdatasync(self._fd)
         self._lines += 1
 
     def _compact(self) -> None:

@@ -88,7 +88,14 @@ class Passthrough:
                     lambda job: self._prepare(job, claim, targets, known, given, deadline), deadline,
                     f"passing {', '.join(d for d, _ in targets)} through")
             except StuckError:
-                await self._give_back_after(claim, [(device, {}) for device, _ in targets])
+                # From a new writer thread; a failure is logged (the journal keeps the entries, so unprepare or the
+                # next start finish the job).
+                try:
+                    await self._hand_back(claim, [(device, {}) for device, _ in targets],
+                                          "handing back after a change that did not finish")
+                except PrepareError as e:
+                    self.ctx.log.error("cannot hand devices back from vfio-pci after a failed prepare", claim=claim,
+                                       error=str(e))
                 raise
         return done
 
@@ -106,10 +113,8 @@ class Passthrough:
         await self._load()
         work = [(p.device, p.restore) for p in prepared if "vfio" in p.restore or self._entry(claim, p.device)]
         if work:
-            deadline = Deadline(self.claim_seconds)
             async with self._serial:
-                await self._rebinder.run(lambda job: self._undo(job, claim, work, deadline), deadline,
-                                         f"handing {', '.join(d for d, _ in work)} back")
+                await self._hand_back(claim, work, f"handing {', '.join(d for d, _ in work)} back")
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         """Hand back what was bound for claims the core no longer holds."""
@@ -122,30 +127,19 @@ class Passthrough:
             if entry["device"] not in held.get(entry["claim"], ()):
                 self.ctx.log.warning("returning a device bound to vfio-pci for a claim no longer prepared",
                                      device=entry["device"], claim=entry["claim"], members=entry["members"])
-                await self._hand_back(str(entry["claim"]), str(entry["device"]))
+                async with self._serial:
+                    await self._hand_back(str(entry["claim"]), [(str(entry["device"]), {})],
+                                          f"handing {entry['device']} back")
 
     def close(self) -> None:
         if self._journal is not None:
             with self._lock:
                 self._journal.close()
 
-    async def _hand_back(self, claim: str, device: str) -> None:
-        items: list[tuple[str, Mapping[str, Any]]] = [(device, {})]
+    async def _hand_back(self, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]], what: str) -> None:
+        """Hand `items` (device, restore record) of a claim back, as one job of the writer thread."""
         deadline = Deadline(self.claim_seconds)
-        async with self._serial:
-            await self._rebinder.run(lambda job: self._undo(job, claim, items, deadline), deadline,
-                                     f"handing {device} back")
-
-    async def _give_back_after(self, claim: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        """Undo a prepare given up on, from a new writer thread; a failure is logged (the journal keeps the entries,
-        so unprepare or the next start finish the job)."""
-        deadline = Deadline(self.claim_seconds)
-        try:
-            await self._rebinder.run(lambda job: self._undo(job, claim, items, deadline), deadline,
-                                     "handing back after a change that did not finish")
-        except PrepareError as e:
-            self.ctx.log.error("cannot hand devices back from vfio-pci after a failed prepare", claim=claim,
-                               error=str(e))
+        await self._rebinder.run(lambda job: self._undo(job, claim, items, deadline), deadline, what)
 
     async def _load(self) -> None:
         if not self._loaded and self._journal is not None and self._journal.path.exists():
@@ -221,7 +215,7 @@ class Passthrough:
         with self._lock:
             if job.abandoned:  # the caller is handing the members back meanwhile
                 raise PrepareError(f"{device}: given up")
-            self._journal.put(key, {**record, "bound": True}, durable=False)
+            self._journal.put(key, {**record, "bound": True})
         return Prepared(
             device=device,
             edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/vfio/{group}"),)),

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pynvml
+
 from agent.daemon import Agent
 from agent.host import open_host
 from agent.kube import KubeClient
@@ -27,6 +29,7 @@ from agent.settings import Settings
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletSimulator, Plugin
 from backends.contract import ClaimRef
+from backends.simulation.nvml import SimulatedNvml
 
 NODE = "node-a"
 
@@ -200,6 +203,12 @@ async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plu
         while (plugin := await kubelet.wait_for_plugin(before.driver, timeout=30)) is before:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
     return plugin
+
+
+def simulated_nvml() -> SimulatedNvml:
+    """The simulated NVML an in-process agent's node plugged in under pynvml."""
+    assert isinstance(pynvml.nvmlLib, SimulatedNvml)
+    return pynvml.nvmlLib
 
 
 def journal_entries(path: Path) -> dict[str, Any]:

@@ -16,12 +16,12 @@ import yaml
 
 from agent.testing.kubelet import KubeletError, KubeletSimulator
 from backends.simulation.node import SimulatedNode
-from backends.simulation.nvml import SimulatedNvml
 from tests.agent_env import (
     agent_in_process,
     allocate,
     journal_entries,
     plugin_after_restart,
+    simulated_nvml,
     two_agents,
 )
 
@@ -36,11 +36,6 @@ def gpu_config(sharing: Any) -> list[dict[str, Any]]:
     parameters = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "GpuConfig", "sharing": sharing}
     return [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": GPU, "parameters": parameters}}]
 
-
-def simulated_nvml() -> SimulatedNvml:
-    """The simulated NVML an in-process agent's node plugged in under pynvml."""
-    assert isinstance(pynvml.nvmlLib, SimulatedNvml)
-    return pynvml.nvmlLib
 
 
 def journal(state_dir: Path, backend: str = "nvidia-gpu") -> dict[str, Any]:

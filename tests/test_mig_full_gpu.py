@@ -16,13 +16,13 @@ import yaml
 from agent.inventory import BackendReport, merge_pools
 from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
 from backends.failpoints import MIG_WHOLE_POINTS
-from backends.simulation.nvml import SimulatedNvml
 from tests.agent_env import (
     InProcess,
     agent_in_process,
     allocate,
     journal_entries,
     plugin_after_restart,
+    simulated_nvml,
     two_agents,
 )
 from tests.test_mig import DYNAMIC, dgx_h100_in_mig_mode
@@ -30,10 +30,6 @@ from tests.test_mig import DYNAMIC, dgx_h100_in_mig_mode
 GPU = "gpu.nvidia.com"
 WHOLE, BUS_ID = "gpu-0000-18-00-0", "0000:18:00.0"
 
-
-def simulated_nvml() -> SimulatedNvml:
-    assert isinstance(pynvml.nvmlLib, SimulatedNvml)
-    return pynvml.nvmlLib
 
 
 def whole_journal(state_dir: Path) -> dict[str, Any]:

@@ -304,8 +304,7 @@ def test_a_journal_syncs_only_records_of_what_outlives_a_reboot(tmp_path: Path, 
     syncs: list[int] = []
     real_sync = os.fdatasync
     monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
-    journal.put("a/gpu", {"members": {GPU_BDF: "nvidia"}})  # an intent
-    journal.put("a/gpu", {"members": {GPU_BDF: "nvidia"}, "bound": True}, durable=False)  # what it led to
+    journal.put("a/gpu", {"members": {GPU_BDF: "nvidia"}})
     journal.remove("a/gpu")
     assert len(syncs) == (2 if durable else 0)
     journal.put("b/vf", {"members": {VF_BDF: "mlx5_core"}})

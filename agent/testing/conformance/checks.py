@@ -12,7 +12,7 @@ from agent.testing.conformance.bench import NODE, Bench, Instance, checkpointed
 from agent.testing.conformance.node_state import NodeState, settled_state
 from agent.testing.conformance.rules import health_problems, inventory_problems, name_changes, prepared_problems
 from agent.testing.conformance.uevents import pci_uevent
-from backends.contract import Device, DevicesChanged, Inventory, Prepared
+from backends.contract import ClaimRef, Device, DevicesChanged, Inventory, Prepared
 from backends.simulation.udev_events import UdevInjector
 from cdi.spec import ContainerEdits
 
@@ -144,14 +144,7 @@ async def restart_restore(bench: Bench) -> list[str]:
 async def interrupted_prepare(bench: Bench) -> list[str]:
     """After a crash between the backend's prepare and the core's record, the core rolls back with the device
     names alone (empty edits and restore): the backend undoes whatever exists."""
-    first = await bench.start()
-    claim = bench.claim("rollback")
-    devices = await first.devices()
-    initial = await settled_state(bench.node)
-    await first.prepare(claim, first.allocate(devices))
-    await first.stop()
-    restarted = await bench.start()
-    await restarted.discover("discover after a crash")
+    restarted, claim, devices, initial = await _prepared_then_restarted(bench, "rollback", "discover after a crash")
     bare = [Prepared(device=d, edits=ContainerEdits()) for d in devices]
     await restarted.unprepare(claim, bare, "unprepare with device names only (the roll-back after a crash)")
     await restarted.reconcile({})
@@ -169,14 +162,8 @@ async def interrupted_prepare(bench: Bench) -> list[str]:
 async def _lost_started_record(bench: Bench) -> list[str]:
     """With `records_own_changes`, the core's `started` record is not synced, and a power cut may lose it: the
     backend's own records and `reconcile` alone must then undo the prepare."""
-    first = await bench.start()
-    claim = bench.claim("unrecorded")
-    devices = await first.devices()
-    initial = await settled_state(bench.node)
-    await first.prepare(claim, first.allocate(devices))
-    await first.stop()
-    restarted = await bench.start()
-    await restarted.discover("discover after a crash that lost the core's record")
+    restarted, _, _, initial = await _prepared_then_restarted(bench, "unrecorded",
+                                                              "discover after a crash that lost the core's record")
     await restarted.reconcile({})
     problems = _left_changed(initial, await settled_state(bench.node), "reconcile after a prepare the core has no "
                              "record of", "declaring records_own_changes says that reconcile undoes every change made "
@@ -184,6 +171,21 @@ async def _lost_started_record(bench: Bench) -> list[str]:
                              "making it, and undo it in reconcile (or drop the declaration)")
     await restarted.stop()
     return problems
+
+
+async def _prepared_then_restarted(bench: Bench, name: str, phase: str
+                                  ) -> tuple[Instance, ClaimRef, list[str], NodeState]:
+    """A claim prepared on all devices by one instance, which stops as a crash would leave it; a new instance,
+    started and discovering (`phase`); the node's state from before the prepare."""
+    first = await bench.start()
+    claim = bench.claim(name)
+    devices = await first.devices()
+    initial = await settled_state(bench.node)
+    await first.prepare(claim, first.allocate(devices))
+    await first.stop()
+    restarted = await bench.start()
+    await restarted.discover(phase)
+    return restarted, claim, devices, initial
 
 
 async def health(bench: Bench) -> list[str]:
