@@ -1,15 +1,20 @@
 """The prepared-claims checkpoint of one driver: which claims are being or have been prepared, durably.
 
-Two-phase records per claim: `started` (written before any hardware is touched) and `completed` (written after
-the CDI spec, before the kubelet gets its answer); `removed` when unprepared. The file is an append-only
-journal of JSON lines, each with a format version and a CRC-32 of its content, made durable with fdatasync:
-one small append per state change costs ~0.35 ms on a disk where rewriting a file atomically costs ~2 ms.
-A `started` record may be written without a sync when the backends keep their own durable records of what they
-change (`Backend.records_own_changes`): written, it survives any crash of the agent's process (the kernel
-holds it), and the sync of the claim's `completed` record takes it to the disk too.
-When the journal grows it is compacted by an atomic rewrite (temp file, fsync, rename, directory fsync).
-A torn last line (a crash during its write) was never acknowledged and is dropped; a corrupt line elsewhere
-is reported and skipped. Every record carries the boot id, so claims prepared before a reboot are known.
+Two-phase records per claim: `started` (written before any hardware is touched, naming the agent instance that
+writes it) and `completed` (written after the CDI spec, before the kubelet gets its answer); `removed` when
+unprepared. The file is an append-only journal of JSON lines, each with a format version and a CRC-32 of its content,
+made durable with fdatasync: one small append per state change costs ~0.35 ms on a disk where rewriting a file
+atomically costs ~2 ms. A `started` record may be written without a sync when the backends keep their own durable
+records of what they change (`Backend.records_own_changes`): written, it survives any crash of the agent's process
+(the kernel holds it), and the sync of the claim's `completed` record takes it to the disk too.
+
+The journal begins with a header, written together with the file (temporary file, fsync, rename), so a journal
+that lacks it was damaged after it was made: emptied, cut short, overwritten. When the journal grows it is compacted
+by the same atomic rewrite. A torn last line (a crash during its write) was never acknowledged and is dropped; any
+other line that does not read back exactly as written makes the whole journal untrusted (`CheckpointDamaged`): a
+lost `completed` record would turn a running claim into one to roll back, a lost `removed` one would block a device
+for ever, and nothing in the file tells which was lost. Every record carries the boot id, so claims prepared before a
+reboot are known.
 """
 
 from __future__ import annotations
@@ -18,19 +23,21 @@ import json
 import os
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from cdi.spec import ContainerEdits, edits_from_dict, edits_to_dict
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "ClaimRecord", "DeviceRecord", "read_boot_id"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointDamaged", "CheckpointError", "ClaimRecord", "DeviceRecord",
+           "read_boot_id"]
 
-FORMAT = 1
+FORMAT = 2
 """Journal format. Readers refuse records of a newer format rather than misread them."""
 
 _COMPACT_AFTER = 256  # records beyond the live claims before the journal is rewritten
+_SHOWN_PROBLEMS = 3  # damaged lines named in the error; the count says how many more there are
 
 State = Literal["started", "completed"]
 
@@ -39,9 +46,28 @@ class CheckpointError(Exception):
     """The checkpoint cannot be read or written."""
 
 
+class CheckpointDamaged(CheckpointError):
+    """The journal holds lines that do not read back as written: which claims are prepared cannot be known from it.
+
+    `problems` names each damaged place; the message says what an operator can do.
+    """
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        shown = "; ".join(problems[:_SHOWN_PROBLEMS])
+        more = f" (and {len(problems) - _SHOWN_PROBLEMS} more)" if len(problems) > _SHOWN_PROBLEMS else ""
+        super().__init__(
+            f"checkpoint {path} is damaged: {shown}{more}. The agent does not guess which claims are prepared. "
+            f"Restore the file from a backup, or move it aside (mv {path} {path}.damaged) and start again: the "
+            "agent then keeps the CDI specs of the claims it finds prepared and refuses their devices to other "
+            "claims until the kubelet unprepares them")
+
+
 @dataclass(frozen=True)
 class DeviceRecord:
-    """A device as prepared for a claim: enough to answer the kubelet again and to undo it after a restart."""
+    """A device as prepared for a claim: enough to answer the kubelet again and to undo it after a restart.
+    `admin_access`: allocated with adminAccess, so it does not hold the device against other claims."""
 
     device: str
     backend: str
@@ -50,9 +76,10 @@ class DeviceRecord:
     edits: ContainerEdits = field(default_factory=ContainerEdits)
     common_edits: ContainerEdits | None = None
     restore: Mapping[str, Any] = field(default_factory=dict)
+    admin_access: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "device": self.device,
             "backend": self.backend,
             "requests": list(self.requests),
@@ -61,24 +88,30 @@ class DeviceRecord:
             "commonEdits": None if self.common_edits is None else edits_to_dict(self.common_edits),
             "restore": dict(self.restore),
         }
+        if self.admin_access:
+            data["adminAccess"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DeviceRecord:
         common = data.get("commonEdits")
         return cls(
-            device=data["device"],
-            backend=data["backend"],
+            device=_text(data, "device"),
+            backend=_text(data, "backend"),
             requests=tuple(data.get("requests", ())),
             cdi_ids=tuple(data.get("cdiIds", ())),
             edits=edits_from_dict(data.get("edits") or {}),
             common_edits=None if common is None else edits_from_dict(common),
             restore=dict(data.get("restore") or {}),
+            admin_access=data.get("adminAccess", False) is True,
         )
 
 
 @dataclass(frozen=True)
 class ClaimRecord:
-    """The state of one claim of this driver."""
+    """The state of one claim of this driver. `owner` is the agent instance that wrote the record (a `started`
+    record is rolled back only once its owner is gone); `recovered` marks a claim known from its CDI spec alone
+    (its journal records were lost), whose request names are not known until the kubelet asks again."""
 
     uid: str
     namespace: str
@@ -86,9 +119,11 @@ class ClaimRecord:
     state: State
     boot_id: str
     devices: tuple[DeviceRecord, ...]  # for `started`, only device and backend are known
+    owner: str = ""
+    recovered: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "uid": self.uid,
             "namespace": self.namespace,
             "name": self.name,
@@ -96,20 +131,37 @@ class ClaimRecord:
             "bootId": self.boot_id,
             "devices": [d.to_json() for d in self.devices],
         }
+        if self.owner:
+            data["owner"] = self.owner
+        if self.recovered:
+            data["recovered"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ClaimRecord:
         state = data["state"]
         if state not in ("started", "completed"):
             raise ValueError(f"unknown claim state {state!r}")
+        devices = data["devices"]
+        if not isinstance(devices, list):
+            raise TypeError("devices is not a list")
         return cls(
-            uid=data["uid"],
-            namespace=data["namespace"],
-            name=data["name"],
+            uid=_text(data, "uid"),
+            namespace=_text(data, "namespace"),
+            name=_text(data, "name"),
             state=state,
-            boot_id=data["bootId"],
-            devices=tuple(DeviceRecord.from_json(d) for d in data["devices"]),
+            boot_id=_text(data, "bootId"),
+            devices=tuple(DeviceRecord.from_json(d) for d in devices),
+            owner=str(data.get("owner", "")),
+            recovered=data.get("recovered", False) is True,
         )
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    value = data[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is not a string")
+    return value
 
 
 def read_boot_id(proc: Path = Path("/proc")) -> str:
@@ -125,104 +177,171 @@ def _line(record: Mapping[str, Any]) -> bytes:
     return f"{zlib.crc32(body.encode()):08x} {body}\n".encode()
 
 
+class _NewerFormat(Exception):
+    def __init__(self, found: int) -> None:
+        self.found = found
+
+
 def _parse(line: bytes) -> dict[str, Any]:
-    checksum, _, body = line.decode().partition(" ")
+    """One record, checked against its checksum; ValueError or TypeError describe why it is not one."""
+    text = line.decode()  # UnicodeDecodeError is a ValueError
+    checksum, _, body = text.partition(" ")
     if len(checksum) != 8 or f"{zlib.crc32(body.encode()):08x}" != checksum:
         raise ValueError("checksum mismatch")
     record = json.loads(body)
     if not isinstance(record, dict):
-        raise ValueError("not a record")
-    if record.get("format", 0) > FORMAT:
-        raise CheckpointError(f"written by a newer agent (format {record['format']}, this agent reads {FORMAT})")
+        raise TypeError("not a record")
+    found = record.get("format")
+    if type(found) is not int or found < 1:
+        raise TypeError(f"format {found!r} is not a format number")
+    if found > FORMAT:
+        raise _NewerFormat(found)
     return record
 
 
 class Checkpoint:
     """The journal of one driver's claims and its in-memory view. Methods block: call them off the loop, from
-    any number of threads (appends are committed in groups; one claim's records are ordered by its caller)."""
+    any number of threads (appends are committed in groups; one claim's records are ordered by its caller).
 
-    def __init__(self, path: Path, boot_id: str) -> None:
+    `claims` is replaced, never changed in place, so a reader on another thread may iterate the dict it got. It
+    changes only once a record is written, by the thread that wrote it and under the journal's lock, so a
+    compaction (which copies it under that lock once no write is pending) writes exactly what the journal says.
+    """
+
+    def __init__(self, path: Path, boot_id: str, *, driver: str = "", owner: str = "") -> None:
         self.path = path
         self.boot_id = boot_id
+        self.driver = driver  # checked against the header when set: another driver's journal is refused
+        self.owner = owner  # the instance of this process, written into its records
         self.claims: dict[str, ClaimRecord] = {}
-        self.problems: list[str] = []
-        self._records = 0
+        self.created = False  # whether the last load found no journal and made one
+        self._records = 0  # claim and removal records in the file, to know when to compact
+        self._lines = 0  # lines read or written, to name a damaged one
         self._offset = 0
         self._inode = 0  # of the journal last read: a compaction by another instance replaces the file
         self._fd: int | None = None
-        # Group commit: lines queued by concurrent callers (with whether their caller waits for a sync), how many
-        # were ever queued and how many are written (made durable when any of a batch needed it).
+        # Group commit: lines queued by concurrent callers (whether their caller waits for a sync, and what the
+        # line changes in `claims`), how many were ever queued and how many are written.
         self._lock = threading.Condition()
-        self._queue: list[tuple[bytes, bool]] = []
+        self._queue: list[tuple[bytes, bool, Callable[[], None]]] = []
         self._queued = 0
         self._written = 0
         self._writing = False
         self._failed: dict[int, CheckpointError] = {}
 
     def load(self) -> None:
-        """Replay the journal (creating an empty one if there is none)."""
+        """Replay the journal, or make an empty one with its header if there is none. Only at start, while no other
+        instance writes (a torn last line is cut off here, where `refresh` leaves it to its writer).
+
+        Raises CheckpointDamaged when the journal cannot be trusted, CheckpointError when it is of a newer agent or
+        cannot be read.
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.claims.clear()
-        self.problems.clear()
-        self._records = self._offset = 0
-        self.refresh()
+        with self._lock:
+            self.close()
+            self.claims = {}
+            self._records = self._lines = self._offset = self._inode = 0
+            self.created = False
+            if not self.path.exists():
+                self._rewrite({})
+                self.created = True
+                return
+            self._refresh()
+            self._cut_torn_tail()
 
     def refresh(self) -> None:
         """Apply records appended since the last read (by another agent instance during a rolling update)."""
+        with self._lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         try:
             with open(self.path, "rb") as f:
                 inode = os.fstat(f.fileno()).st_ino
                 if inode != self._inode:  # first read, or compacted by another instance: read it all
-                    self.claims.clear()
-                    self._records = self._offset = 0
-                    self._inode = inode
                     self.close()
-                f.seek(self._offset)
+                    claims: dict[str, ClaimRecord] = {}
+                    records = offset = lines_before = 0
+                else:
+                    claims, records, offset, lines_before = dict(self.claims), self._records, self._offset, self._lines
+                f.seek(offset)
                 data = f.read()
         except FileNotFoundError:
-            return
+            raise CheckpointDamaged(self.path, ["the file is gone"]) from None
         except OSError as e:
             raise CheckpointError(f"cannot read {self.path}: {e.strerror or e}") from None
         lines = data.split(b"\n")
-        complete, torn = lines[:-1], lines[-1]
+        complete = lines[:-1]  # the last piece is a torn line, or empty
+        if offset == 0 and not complete:
+            raise CheckpointDamaged(self.path, ["it is empty" if not data else "it holds no complete line"])
+        problems: list[str] = []
+        at = offset
         for number, line in enumerate(complete):
-            if line.strip():
-                self._apply(line, number)
+            try:
+                record = _parse(line)
+                if at == 0:
+                    self._check_header(record)
+                else:
+                    self._apply(record, claims)
+                    records += 1
+            except _NewerFormat as e:
+                raise CheckpointError(
+                    f"checkpoint {self.path} was written by a newer dra-agent (format {e.found}; this one reads up to "
+                    f"{FORMAT}): run that version or a newer one on this node") from None
+            except (ValueError, TypeError, KeyError) as e:
+                where = "the header" if at == 0 else f"the record at byte {at}"
+                problems.append(f"{where} (line {lines_before + number + 1}) does not read back: "
+                                f"{type(e).__name__}: {e}")
+            at += len(line) + 1
+        if problems:
+            raise CheckpointDamaged(self.path, problems)
         # A torn tail stays unread: either it is still being written by another instance, or it never will be.
-        self._offset += len(data) - len(torn)
+        self.claims, self._records, self._offset, self._inode = claims, records, at, inode
+        self._lines = lines_before + len(complete)
 
-    def _apply(self, line: bytes, number: int) -> None:
+    def _cut_torn_tail(self) -> None:
+        """Drop a line a crash tore (never acknowledged), so that the next record starts on a line of its own."""
         try:
-            record = _parse(line)
-            op = record["op"]
-            if op == "claim":
-                claim = ClaimRecord.from_json(record["claim"])
-                self.claims[claim.uid] = claim
-            elif op == "removed":
-                self.claims.pop(record["uid"], None)
-            else:
-                raise ValueError(f"unknown operation {op!r}")
-        except CheckpointError:
-            raise
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            self.problems.append(f"{self.path}: record after byte {self._offset} (line {number + 1}) skipped: {e}")
-            return
-        self._records += 1
+            if os.stat(self.path).st_size > self._offset:
+                os.truncate(self.path, self._offset)
+        except OSError as e:
+            raise CheckpointError(f"cannot write {self.path}: {e.strerror or e}") from None
+
+    def _check_header(self, record: Mapping[str, Any]) -> None:
+        if record.get("op") != "header":
+            raise ValueError("the journal does not begin with its header")
+        driver = record.get("driver", "")
+        if self.driver and driver != self.driver:
+            raise ValueError(f"it is the journal of driver {driver!r}, not of {self.driver!r}")
+
+    @staticmethod
+    def _apply(record: Mapping[str, Any], claims: dict[str, ClaimRecord]) -> None:
+        op = record["op"]
+        if op == "claim":
+            claim = ClaimRecord.from_json(record["claim"])
+            claims[claim.uid] = claim
+        elif op == "removed":
+            uid = record["uid"]
+            if not isinstance(uid, str):
+                raise TypeError("uid is not a string")
+            claims.pop(uid, None)
+        else:
+            raise ValueError(f"unknown operation {op!r}")
 
     def record(self, claim: ClaimRecord, durable: bool = True) -> None:
         """Store a claim's new state; durably unless `durable` is False (written, synced by a later record)."""
-        self._append(_claim_line(claim), durable)
-        self.claims[claim.uid] = claim
+        self._append(_claim_line(claim), durable, lambda: self._set(claim.uid, claim))
 
     def start(self, uid: str, namespace: str, name: str, devices: tuple[tuple[str, str], ...],
-              durable: bool = True) -> ClaimRecord:
-        """Record that preparing (device, backend) pairs for a claim begins."""
-        claim = _started(uid, namespace, name, self.boot_id, devices)
+              durable: bool = True, admin: frozenset[str] = frozenset()) -> ClaimRecord:
+        """Record that preparing (device, backend) pairs for a claim begins; `admin` names the devices allocated
+        with admin access."""
+        claim = self._started(uid, namespace, name, devices, admin)
         self.record(claim, durable)
         return claim
 
-    def start_unsynced_now(self, uid: str, namespace: str, name: str,
-                           devices: tuple[tuple[str, str], ...]) -> ClaimRecord | None:
+    def start_unsynced_now(self, uid: str, namespace: str, name: str, devices: tuple[tuple[str, str], ...],
+                           admin: frozenset[str] = frozenset()) -> ClaimRecord | None:
         """`start` without a sync, made only if the journal is idle this instant: one write to the page cache, so
         the event loop may call it; None (nothing recorded) when another thread is writing."""
         if not self._lock.acquire(blocking=False):
@@ -230,15 +349,16 @@ class Checkpoint:
         try:
             if self._writing or self._queue or self._fd is None:
                 return None
-            claim = _started(uid, namespace, name, self.boot_id, devices)
+            claim = self._started(uid, namespace, name, devices, admin)
             self._write(_claim_line(claim), 1, sync=False)
-            self.claims[uid] = claim
+            self._set(uid, claim)
             return claim
         finally:
             self._lock.release()
 
     def complete(self, started: ClaimRecord, devices: tuple[DeviceRecord, ...]) -> ClaimRecord:
-        claim = replace(started, state="completed", devices=devices)
+        claim = replace(started, state="completed", devices=devices, owner=self.owner or started.owner,
+                        recovered=False)
         self.record(claim)
         return claim
 
@@ -246,8 +366,7 @@ class Checkpoint:
         """Durably forget a claim."""
         if uid not in self.claims:
             return
-        self._append(_line({"format": FORMAT, "op": "removed", "uid": uid}))
-        del self.claims[uid]
+        self._append(_line({"format": FORMAT, "op": "removed", "uid": uid}), True, lambda: self._drop(uid))
         if self._records > len(self.claims) + _COMPACT_AFTER:
             self.compact()
 
@@ -256,36 +375,57 @@ class Checkpoint:
         with self._lock:
             while self._writing or self._queue:
                 self._lock.wait()
-            tmp = self.path.with_suffix(".tmp")
-            data = b"".join(_claim_line(c) for c in list(self.claims.values()))
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    os.write(fd, data)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.path)
-                _fsync_dir(self.path.parent)
-            except OSError as e:
-                tmp.unlink(missing_ok=True)
-                raise CheckpointError(f"cannot compact {self.path}: {e.strerror or e}") from None
-            self.close()
-            self._records = len(self.claims)
-            self._offset = len(data)
-            self._inode = os.stat(self.path).st_ino
+            self._rewrite(self.claims)
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
-    def _append(self, line: bytes, durable: bool = True) -> None:
-        """Append one journal line, synced unless `durable` is False. Concurrent callers commit as a group:
-        whoever finds no write in progress writes every queued line, with one fdatasync if any of them needs it,
-        and the others wait for it."""
+    def _started(self, uid: str, namespace: str, name: str, devices: tuple[tuple[str, str], ...],
+                 admin: frozenset[str]) -> ClaimRecord:
+        return ClaimRecord(uid, namespace, name, "started", self.boot_id,
+                           tuple(DeviceRecord(device=d, backend=b, admin_access=d in admin) for d, b in devices),
+                           owner=self.owner)
+
+    # Both run under the lock, by the thread whose record was just written.
+    def _set(self, uid: str, claim: ClaimRecord) -> None:
+        self.claims = {**self.claims, uid: claim}
+
+    def _drop(self, uid: str) -> None:
+        self.claims = {u: c for u, c in self.claims.items() if u != uid}
+
+    def _rewrite(self, claims: Mapping[str, ClaimRecord]) -> None:
+        """Replace the journal with a header and `claims` (temporary file, fsync, rename, directory fsync); the
+        caller holds the lock and no write is pending."""
+        tmp = self.path.with_suffix(".tmp")
+        header = _line({"format": FORMAT, "op": "header", "driver": self.driver})
+        data = header + b"".join(_claim_line(c) for c in claims.values())
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
+            inode = os.stat(self.path).st_ino
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(f"cannot write {self.path}: {e.strerror or e}") from None
+        self.close()
+        self._records = len(claims)
+        self._lines = len(claims) + 1
+        self._offset = len(data)
+        self._inode = inode
+
+    def _append(self, line: bytes, durable: bool, apply: Callable[[], None]) -> None:
+        """Append one journal line, synced unless `durable` is False, then `apply` its change to `claims`.
+        Concurrent callers commit as a group: whoever finds no write in progress writes every queued line, with
+        one fdatasync if any of them needs it, applies their changes, and the others wait for it."""
         with self._lock:
-            self._queue.append((line, durable))
+            self._queue.append((line, durable, apply))
             self._queued += 1
             ticket = self._queued
             while self._written < ticket:
@@ -297,15 +437,18 @@ class Checkpoint:
                 self._lock.release()
                 error: CheckpointError | None = None
                 try:
-                    self._write(b"".join(b for b, _ in batch), len(batch), sync=any(d for _, d in batch))
+                    self._write(b"".join(b for b, _, _ in batch), len(batch), sync=any(d for _, d, _ in batch))
                 except CheckpointError as e:
                     error = e
                 finally:
                     self._lock.acquire()
-                    self._writing = False
-                    for waiting in range(upto - len(batch) + 1, upto + 1):
-                        if error is not None:
+                    if error is None:
+                        for _, _, change in batch:
+                            change()
+                    else:
+                        for waiting in range(upto - len(batch) + 1, upto + 1):
                             self._failed[waiting] = error
+                    self._writing = False
                     self._written = upto
                     self._lock.notify_all()
             failure = self._failed.pop(ticket, None)
@@ -317,11 +460,10 @@ class Checkpoint:
             if self._fd is not None and _inode(self.path) != os.fstat(self._fd).st_ino:
                 self.close()  # replaced by a compaction of another instance: append to the new file
             if self._fd is None:
-                created = not self.path.exists()
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                if not self.path.exists():
+                    raise CheckpointError(f"cannot write {self.path}: it is gone (load the checkpoint first)")
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
                 self._inode = os.fstat(self._fd).st_ino
-                if created:
-                    _fsync_dir(self.path.parent)
             os.write(self._fd, data)
             if sync:
                 os.fdatasync(self._fd)  # also takes every earlier unsynced line to the disk
@@ -329,17 +471,13 @@ class Checkpoint:
         except OSError as e:
             raise CheckpointError(f"cannot write {self.path}: {e.strerror or e}") from None
         self._records += count
+        self._lines += count
         if size == self._offset + len(data):
             self._offset = size  # nothing else was appended: no need to read our own lines back
 
 
 def _claim_line(claim: ClaimRecord) -> bytes:
     return _line({"format": FORMAT, "op": "claim", "claim": claim.to_json()})
-
-
-def _started(uid: str, namespace: str, name: str, boot_id: str, devices: tuple[tuple[str, str], ...]) -> ClaimRecord:
-    return ClaimRecord(uid, namespace, name, "started", boot_id,
-                       tuple(DeviceRecord(device=d, backend=b) for d, b in devices))
 
 
 def _inode(path: Path) -> int | None:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import random
+import sys
+import tempfile
 import threading
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent import checkpoint as cp
-from agent.checkpoint import Checkpoint, CheckpointError, DeviceRecord
+from agent.checkpoint import Checkpoint, CheckpointDamaged, CheckpointError, DeviceRecord
 from cdi.spec import ContainerEdits, DeviceNode, Mount
 
 BOOT = "11111111-1111-1111-1111-111111111111"
@@ -48,7 +56,6 @@ def test_round_trip(scratch: Path) -> None:
     assert record.restore == {"gi": 3, "ci": 0}
     assert record.common_edits is not None and record.common_edits.mounts[0].host_path == "/usr/lib/libcuda.so.1"
     assert again.claims[uid(1)].boot_id == BOOT
-    assert again.problems == []
 
 
 def test_removed_claims_stay_removed(scratch: Path) -> None:
@@ -69,29 +76,104 @@ def test_torn_last_record_is_dropped(scratch: Path) -> None:
         f.write(b'0badc0de {"format": 1, "op": "removed", "uid"')  # the crash hit during this write
     again = reopened(path)
     assert set(again.claims) == {uid(1)}
-    assert again.problems == []
+    prepared(again, 2)  # appended after the torn line, which stays unread
+    assert set(reopened(path).claims) == {uid(1), uid(2)}
 
 
-def test_corrupt_record_in_the_middle_is_reported_and_skipped(scratch: Path) -> None:
+def test_a_corrupt_record_in_the_middle_makes_the_journal_untrusted(scratch: Path) -> None:
     path = scratch / "j"
     journal = reopened(path)
     prepared(journal, 1)
     prepared(journal, 2)
     journal.close()
     lines = path.read_bytes().split(b"\n")
-    lines[1] = lines[1].replace(b"claim-1", b"claim-X")  # checksum no longer matches
+    lines[2] = lines[2].replace(b"claim-1", b"claim-X")  # the completed record of claim 1: checksum mismatch
     path.write_bytes(b"\n".join(lines))
-    again = reopened(path)
-    assert again.claims[uid(1)].state == "started", "the completed record of claim 1 was lost, the started kept"
-    assert again.claims[uid(2)].state == "completed"
-    assert len(again.problems) == 1 and "checksum mismatch" in again.problems[0]
-
-
-def test_newer_format_is_refused(scratch: Path) -> None:
-    path = scratch / "j"
-    path.write_bytes(cp._line({"format": 9, "op": "removed", "uid": uid(1)}))
-    with pytest.raises(CheckpointError, match="newer agent"):
+    # Skipping it would turn claim 1, prepared and running, into a `started` claim to roll back.
+    with pytest.raises(CheckpointDamaged, match=r"record at byte \d+ \(line 3\).*checksum mismatch") as caught:
         reopened(path)
+    assert str(path) in str(caught.value) and "mv " in str(caught.value)
+
+
+def test_newer_format_is_refused_naming_the_file(scratch: Path) -> None:
+    path = scratch / "j"
+    path.write_bytes(cp._line({"format": 9, "op": "header", "driver": ""}))
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} was written by a newer dra-agent \\(format 9"):
+        reopened(path)
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "random bytes":
+        path.write_bytes(random.Random(7).randbytes(len(data)))
+    elif how == "emptied":
+        path.write_bytes(b"")
+    elif how == "cut to 30 bytes":
+        path.write_bytes(data[:30])
+    elif how == "NULs":
+        path.write_bytes(b"\0" * len(data))
+    elif how == "format one":
+        header, *rest = data.split(b"\n")
+        path.write_bytes(b"\n".join([header, cp._line({"format": "one", "op": "removed", "uid": uid(1)}).rstrip(),
+                                     *rest]))
+    elif how == "no header":  # a journal of an older agent, or one whose first lines were lost
+        path.write_bytes(b"".join(line + b"\n" for line in data.split(b"\n")[1:] if line))
+    elif how == "another driver's":
+        path.write_bytes(data.replace(b'"driver":"gpu.nvidia.com"', b'"driver":"tpu.google.com"'))
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["random bytes", "emptied", "cut to 30 bytes", "NULs", "format one", "no header",
+                                 "another driver's"])
+def test_a_damaged_journal_is_refused_naming_the_file(scratch: Path, how: str) -> None:
+    path = scratch / "gpu.nvidia.com/checkpoint.journal"
+    journal = Checkpoint(path, BOOT, driver="gpu.nvidia.com")
+    journal.load()
+    prepared(journal, 1)
+    prepared(journal, 2)
+    journal.close()
+    if how == "another driver's":
+        journal.compact()  # the header's CRC must match the new driver name: rewrite it as that driver would
+        path.write_bytes(path.read_bytes().replace(b'"driver":"gpu.nvidia.com"', b'"driver":"tpu.google.com"'))
+        text = path.read_bytes().split(b"\n")
+        body = text[0].split(b" ", 1)[1]
+        text[0] = f"{zlib.crc32(body):08x} ".encode() + body
+        path.write_bytes(b"\n".join(text))
+    else:
+        damage(path, how)
+    before = path.read_bytes()
+    again = Checkpoint(path, BOOT, driver="gpu.nvidia.com")
+    with pytest.raises(CheckpointDamaged) as caught:
+        again.load()
+    message = str(caught.value)
+    assert str(path) in message and "does not guess" in message
+    assert "Traceback" not in message and len(message) < 1500
+    assert path.read_bytes() == before, "a refused journal is left as it was"
+    if how == "format one":
+        assert "format 'one' is not a format number" in message
+
+
+def test_a_missing_journal_starts_empty_with_a_header(scratch: Path) -> None:
+    path = scratch / "gpu.nvidia.com/checkpoint.journal"
+    journal = Checkpoint(path, BOOT, driver="gpu.nvidia.com")
+    journal.load()
+    assert journal.created and journal.claims == {}
+    assert b'"op":"header"' in path.read_bytes().split(b"\n")[0]
+    again = Checkpoint(path, BOOT, driver="gpu.nvidia.com")
+    again.load()
+    assert not again.created and again.claims == {}
+
+
+def test_a_started_record_names_its_instance_and_admin_devices(scratch: Path) -> None:
+    path = scratch / "j"
+    journal = Checkpoint(path, BOOT, owner="a1b2")
+    journal.load()
+    started = journal.start(uid(1), "ns", "c", (("gpu-0", "nvidia-gpu"), ("gpu-1", "nvidia-gpu")),
+                            admin=frozenset({"gpu-1"}))
+    again = reopened(path).claims[uid(1)]
+    assert again == started and again.owner == "a1b2"
+    assert [(d.device, d.admin_access) for d in again.devices] == [("gpu-0", False), ("gpu-1", True)]
 
 
 def test_compaction_keeps_live_claims_only(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,3 +289,83 @@ def test_an_unsynced_start_from_the_loop_never_waits_for_another_writer(scratch:
     journal._writing = False
     assert journal.start_unsynced_now(uid(3), "ns", "claim-3", ()) is not None
     assert uid(1) not in journal.claims and journal.claims[uid(3)].state == "started"
+
+
+def _run_concurrently(journal: Checkpoint, programs: list[list[tuple[str, int]]]) -> dict[str, str]:
+    """Each program in a thread of its own (its claims are its own, as the preparer's per-claim locks make them),
+    and a compaction running all along; the state each claim must end in."""
+    expected: dict[str, str] = {}
+    done = threading.Event()
+
+    def compacting() -> None:
+        while not done.is_set():
+            journal.compact()
+
+    def run(thread: int, program: list[tuple[str, int]]) -> None:
+        for op, n in program:
+            claim = thread * 1000 + n
+            if op == "prepare":
+                prepared(journal, claim, device=f"gpu-{claim}")
+            else:
+                journal.remove(uid(claim))
+
+    for thread, program in enumerate(programs):
+        for op, n in program:
+            expected[uid(thread * 1000 + n)] = op
+    compactor = threading.Thread(target=compacting)
+    workers = [threading.Thread(target=run, args=(t, p)) for t, p in enumerate(programs)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads preempted between any two bytecodes: the narrowest window shows
+    try:
+        compactor.start()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        done.set()
+        compactor.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return {u: op for u, op in expected.items() if op == "prepare"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["prepare", "remove"]), st.integers(0, 5)), max_size=12),
+                min_size=2, max_size=6))
+def test_concurrent_records_removals_and_compactions_keep_every_answer(
+        monkeypatch: pytest.MonkeyPatch, programs: list[list[tuple[str, int]]]) -> None:
+    monkeypatch.setattr(cp, "_COMPACT_AFTER", 1)  # every removal may compact too
+    with tempfile.TemporaryDirectory(prefix="dra-t-") as folder:
+        path = Path(folder) / "j"
+        journal = reopened(path)
+        live = _run_concurrently(journal, programs)
+        assert set(journal.claims) == set(live)
+        assert set(reopened(path).claims) == set(live), "the file says what the answers said"
+        journal.close()
+
+
+def _all_at_once(work: list[Callable[[], None]]) -> None:
+    threads = [threading.Thread(target=w) for w in work]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_batch_of_64_prepared_then_unprepared_leaves_nothing(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet's batch of 64 claims prepared concurrently, then unprepared concurrently: removals compact the
+    journal while others are still returning from theirs."""
+    monkeypatch.setattr(cp, "_COMPACT_AFTER", 8)
+    for round_ in range(20):
+        path = scratch / f"j{round_}"
+        journal = reopened(path)
+        _all_at_once([functools.partial(prepared, journal, n, device=f"gpu-{n}") for n in range(64)])
+        _all_at_once([functools.partial(journal.remove, uid(n)) for n in range(64)])
+        assert journal.claims == {}
+        assert reopened(path).claims == {}, f"round {round_}: removed claims came back from the journal"
+        journal.close()
