@@ -18,6 +18,7 @@ from pathlib import Path
 from agent.checkpoint import CheckpointError, read_boot_id
 from agent.driver import Driver, DriverSetup
 from agent.host import Host, NodeNameError, open_host, resolve_node_name
+from agent.instances import InstanceError, Instances
 from agent.inventory import BackendReport, stop_all, survey
 from agent.kube import KubeClient, KubeError
 from agent.links import LinkMonitor, open_link_monitor
@@ -54,6 +55,7 @@ class Agent:
         self._metrics_server: MetricsServer | None = None
         self._udev: UdevMonitor | None = None
         self._links: LinkMonitor | None = None
+        self.instances = Instances(settings.state_dir)
         self._started = False
         self._announced = False
         self._log = get_logger("agent").bind(node=self.node)
@@ -64,6 +66,7 @@ class Agent:
         return self._started and all(d.published.is_set() for d in self.drivers.values() if d.active)
 
     async def start(self) -> None:
+        self.instances.register(self.settings.pod_uid)
         # Opened before the backends start, so no hot-plug between their discovery and their subscription is lost:
         # events queue in the netlink socket until read.
         self._udev = open_udev_monitor(self.host)
@@ -76,7 +79,7 @@ class Agent:
                              links=self._links, state_root=self.settings.state_dir / "backends")
         self._plugins = found.started
         setup = DriverSetup(self.settings, self.node, self.kube, self.publisher, self.metrics,
-                            read_boot_id(_proc(self.host)))
+                            read_boot_id(_proc(self.host)), self.instances)
         by_driver: dict[str, list[BackendReport]] = {}
         for report in found.reports:
             by_driver.setdefault(report.driver, []).append(report)
@@ -118,6 +121,7 @@ class Agent:
                 monitor.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
+        self.instances.close()
 
 
 def _proc(host: Host) -> Path:
@@ -157,7 +161,7 @@ async def run(settings: Settings) -> int:
     except (ProfileError, NodeNameError) as e:
         log.error("cannot start", error=str(e))
         return 2
-    except (KubeError, CheckpointError, SocketError, OSError) as e:
+    except (KubeError, CheckpointError, InstanceError, SocketError, OSError) as e:
         log.error("cannot start", error=str(e))
         return 1
     finally:

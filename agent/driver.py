@@ -20,6 +20,7 @@ from agent.checkpoint import Checkpoint
 from agent.claim_cdi import CLASS, vendor
 from agent.device_health import HealthBoard
 from agent.health import HealthStream
+from agent.instances import Instances
 from agent.inventory import BackendReport, Pool, discover_all, merge_pools
 from agent.kube import KubeClient
 from agent.kubelet_plugin import KubeletPlugin
@@ -28,6 +29,7 @@ from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.preparer import Owner, Preparer
 from agent.publisher import Features, Publisher
+from agent.recovery import recover
 from agent.settings import Settings
 from agent.slices import pool_slices
 from agent.taints import TaintPolicy, device_taints
@@ -52,6 +54,7 @@ class DriverSetup:
     publisher: Publisher
     metrics: Metrics
     boot_id: str
+    instances: Instances
 
 
 class Driver:
@@ -98,26 +101,10 @@ class Driver:
 
     # --- serving ------------------------------------------------------------------------------------
 
-    async def _reconcile(self, preparer: Preparer) -> None:
-        """Tell each backend that keeps records of what it made which claims still hold its devices, so that it
-        releases what no claim holds (made for a claim whose record is gone)."""
-        for name, report in self._reports.items():
-            reconcile = getattr(report.plugin.backend, "reconcile", None)
-            if reconcile is None:
-                continue
-            held = {c.uid: tuple(d.device for d in c.devices if d.backend == name)
-                    for c in preparer.checkpoint.claims.values()}
-            try:
-                await reconcile({uid: devices for uid, devices in held.items() if devices})
-            except Exception as e:  # a backend's bug must not keep the driver from serving
-                self._log.error("backend reconcile failed", backend=name, error=f"{type(e).__name__}: {e}",
-                                exc_info=True)
-
     async def _activate(self) -> None:
         """Replay the checkpoint (claims prepared before a restart stay prepared), publish, serve."""
         preparer = self.preparer = self._preparer()
-        await preparer.recover()
-        await self._reconcile(preparer)
+        await recover(preparer)
         self.board.in_use = lambda: {d.device for c in preparer.checkpoint.claims.values() for d in c.devices}
         for device in self.pool.devices:
             self._setup.metrics.set_health(self.name, device.name, Health.HEALTHY.value)
@@ -272,13 +259,16 @@ class Driver:
         return Preparer(
             driver=self.name,
             pool=self._setup.node,
-            checkpoint=Checkpoint(self._state_dir / "checkpoint.journal", self._setup.boot_id),
+            checkpoint=Checkpoint(self._state_dir / "checkpoint.journal", self._setup.boot_id, driver=self.name,
+                                  owner=self._setup.instances.id),
             store=SpecStore(settings.cdi_dir, vendor(self.name), CLASS),
             claims=self._setup.kube,
             owner_of=self._owners.get,
             backends={r.name: r.plugin.backend for r in self._reports.values()},
             log=get_logger("preparer"),
-            serialize=FileLock(plugin_dir / "serialize.lock") if settings.pod_uid else None,
+            instance_lock=FileLock(plugin_dir / "serialize.lock"),
+            serialize=settings.pod_uid is not None,
+            owner_alive=self._setup.instances.alive,
             metrics=self._setup.metrics,
             unusable=self._unusable,
         )

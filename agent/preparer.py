@@ -1,11 +1,11 @@
 """Prepare and unprepare claims for one DRA driver: crash-safe, idempotent, one result per claim.
 
-Prepare: read the claim (outside any lock), keep this driver's devices, resolve their opaque configuration,
-then under the claim's and its devices' locks: answer from the checkpoint when already prepared (re-creating
-a lost CDI spec), refuse devices prepared for another claim, record `started`, let the owning backends prepare,
-write the claim's CDI spec, record `completed`, answer. Unprepare works from the checkpoint alone. A failure
-fails that claim only; whatever was done for it is undone. At start-up, `recover` rolls back claims found
-`started`, re-creates missing CDI specs of completed claims and removes specs no claim owns.
+Prepare: read the claim (outside any lock, within its own deadline), keep this driver's devices, resolve their
+opaque configuration, then under the claim's and its devices' locks: answer from the checkpoint when already
+prepared (re-creating a lost CDI spec), refuse devices prepared for another claim, record `started`, let the owning
+backends prepare, write the claim's CDI spec, record `completed`, answer. Unprepare works from the checkpoint alone.
+A failure fails that claim only; whatever was done for it is undone. Devices allocated with admin access are not in
+use: they neither block nor are blocked by other claims. Start-up recovery is in agent/recovery.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
@@ -31,10 +31,13 @@ from backends.contract import Allocated, Backend, BackendError, ClaimRef, Prepar
 from backends.failpoints import failpoint
 from cdi.store import SpecStore
 
-__all__ = ["ClaimReader", "Owner", "Preparer"]
+__all__ = ["CLAIM_READ_SECONDS", "ClaimReader", "Owner", "Preparer"]
 
 BACKEND_TIMEOUT = 40.0
 """Seconds a backend may take for one claim: below the kubelet's 45 s deadline, so the claim gets an answer."""
+CLAIM_READ_SECONDS = 10.0
+"""Seconds reading a claim from the API server may take, connecting included: a stalled API server fails the claim
+well within the kubelet's 45 s deadline, and the kubelet asks again."""
 
 
 class ClaimReader(Protocol):
@@ -60,10 +63,15 @@ class _Plan:
     allocation: ClaimAllocation
     per_backend: dict[str, tuple[Owner, list[Allocated]]]
     requests: dict[str, tuple[str, ...]]  # device → request names (subrequests stripped)
+    admin: frozenset[str]  # devices allocated with admin access
 
 
 class Preparer:
-    """Prepare/unprepare for one driver on this node."""
+    """Prepare/unprepare for one driver on this node.
+
+    `instance_lock` is the lock every agent instance on the node takes before changing shared state; with
+    `serialize` (rolling updates: two instances serve the kubelet) every prepare and unprepare holds it too.
+    """
 
     def __init__(
         self,
@@ -76,41 +84,50 @@ class Preparer:
         owner_of: Callable[[str], Owner | None],
         backends: Mapping[str, Backend],
         log: FilteringBoundLogger,
-        serialize: FileLock | None = None,
+        instance_lock: FileLock | None = None,
+        serialize: bool = False,
+        owner_alive: Callable[[str], bool] = lambda owner: False,
         metrics: Metrics | None = None,
         unusable: Callable[[str], str | None] = lambda device: None,
+        claim_read_seconds: float = CLAIM_READ_SECONDS,
     ) -> None:
         self.driver = driver
         self.pool = pool
         self.checkpoint = checkpoint
         self.store = store
+        self.backends = backends
+        self.owner_of = owner_of
+        self.owner_alive = owner_alive  # whether the agent instance that wrote a record still runs
+        self.instance_lock = instance_lock
+        self.log = log.bind(driver=driver)
         self._claims = claims
-        self._owner_of = owner_of
-        self._backends = backends
-        self._log = log.bind(driver=driver)
         self._locks = KeyedLocks()
-        self._serialize = serialize
+        self._serialize = serialize and instance_lock is not None
         self._metrics = metrics
         self._unusable = unusable  # device → why it must not be newly prepared (unhealthy), else None
+        self._claim_read_seconds = claim_read_seconds
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        """One result per claim; never raises."""
+        """One result per claim UID; never raises."""
         if len(claims) == 1:  # the kubelet's usual call: no tasks to make for one claim
             ref = claims[0]
             return {ref.uid: await self._prepare_planned(ref, await self._plan(ref))}
-        plans = await asyncio.gather(*(self._plan(ref) for ref in claims))
-        results = await asyncio.gather(*(self._prepare_planned(ref, plan) for ref, plan in zip(claims, plans,
-                                                                                                   strict=True)))
-        return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
+        refs, clashes = _one_per_uid(claims, "prepared")
+        plans = await asyncio.gather(*(self._plan(ref) for ref in refs))
+        results = await asyncio.gather(*(self._prepare_planned(ref, plan) for ref, plan in zip(refs, plans,
+                                                                                                 strict=True)))
+        answers = {ref.uid: result for ref, result in zip(refs, results, strict=True)}
+        return answers | {uid: ClaimResult(error=error) for uid, error in clashes.items()}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """An error message per claim, empty on success; never raises."""
+        """An error message per claim UID, empty on success; never raises."""
         if len(claims) == 1:
             return {claims[0].uid: await self._unprepare_one(claims[0])}
-        errors = await asyncio.gather(*(self._unprepare_one(ref) for ref in claims))
-        return {ref.uid: error for ref, error in zip(claims, errors, strict=True)}
+        refs, clashes = _one_per_uid(claims, "unprepared")
+        errors = await asyncio.gather(*(self._unprepare_one(ref) for ref in refs))
+        return {ref.uid: error for ref, error in zip(refs, errors, strict=True)} | clashes
 
     # --- prepare ----------------------------------------------------------------------------------------
 
@@ -119,7 +136,11 @@ class Preparer:
         try:
             check_reference(ref)
             try:
-                claim = await self._claims.get_claim(ref.namespace, ref.name)
+                async with asyncio.timeout(self._claim_read_seconds):
+                    claim = await self._claims.get_claim(ref.namespace, ref.name)
+            except TimeoutError:
+                return (f"cannot read claim {ref.namespace}/{ref.name}: no answer from the API server within "
+                        f"{self._claim_read_seconds:g} s")
             except Exception as e:
                 return f"cannot read claim {ref.namespace}/{ref.name}: {e}"
             if claim is None:
@@ -132,19 +153,22 @@ class Preparer:
     def _resolve(self, allocation: ClaimAllocation) -> _Plan:
         per_backend: dict[str, tuple[Owner, list[Allocated]]] = {}
         requests: dict[str, tuple[str, ...]] = {}
+        admin: set[str] = set()
         for result in allocation.devices:
             if result.pool != self.pool:
                 raise ClaimError(f"device {result.device} was allocated from pool {result.pool}; "
                                  f"this node's pool is {self.pool}")
-            owner = self._owner_of(result.device)
+            owner = self.owner_of(result.device)
             if owner is None:
                 raise ClaimError(f"device {result.device} is not a device of driver {self.driver} on this node")
             config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
             entry = per_backend.setdefault(owner.name, (owner, []))
             if all(a.device != result.device for a in entry[1]):
                 entry[1].append(Allocated(result.device, result.request, config, result.admin_access))
+                if result.admin_access:
+                    admin.add(result.device)
             requests[result.device] = tuple(dict.fromkeys((*requests.get(result.device, ()), result.request_name)))
-        return _Plan(allocation, per_backend, requests)
+        return _Plan(allocation, per_backend, requests, frozenset(admin))
 
     async def _prepare_planned(self, ref: ClaimRef, plan: _Plan | str) -> ClaimResult:
         if isinstance(plan, str):
@@ -155,13 +179,13 @@ class Preparer:
             async with self._exclusive(ref.uid, devices):
                 result = await self._prepare_locked(ref, plan)
         except Exception as e:  # a bug must fail this claim, not the batch
-            self._log.exception("prepare failed unexpectedly", claim=_name(ref))
+            self.log.exception("prepare failed unexpectedly", claim=_name(ref))
             result = ClaimResult(error=f"internal error while preparing: {type(e).__name__}: {e}")
         seconds = time.perf_counter() - started
         self._observe("prepare", seconds, bool(result.error))
         outcome = {"error": result.error} if result.error else {"devices": len(result.devices)}
-        self._log.info("prepared claim" if not result.error else "claim not prepared", claim=_name(ref),
-                       seconds=round(seconds, 4), **outcome)
+        self.log.info("prepared claim" if not result.error else "claim not prepared", claim=_name(ref),
+                      seconds=round(seconds, 4), **outcome)
         return result
 
     def _observe(self, operation: str, seconds: float, error: bool) -> None:
@@ -173,11 +197,13 @@ class Preparer:
     async def _prepare_locked(self, ref: ClaimRef, plan: _Plan) -> ClaimResult:
         record = self.checkpoint.claims.get(ref.uid)
         if record is not None and record.state == "started":
-            await self._roll_back(record)  # an earlier attempt was cut short
+            await self.roll_back(record)  # an earlier attempt was cut short
             record = None
         if record is not None and record.boot_id == self.checkpoint.boot_id:
             if {d.device for d in record.devices} == set(plan.requests):
-                await self._ensure_spec(record)
+                if record.recovered:
+                    record = await self._readopt(ref, plan, record)
+                await self.ensure_spec(record)
                 return self._answer(record)
             return ClaimResult(error=f"claim {_name(ref)} was prepared with other devices; unprepare it first")
         # A claim prepared before its device turned unhealthy keeps its answer (above): its pods run already.
@@ -206,6 +232,7 @@ class Preparer:
                 edits=p.edits,
                 common_edits=p.common_edits,
                 restore=dict(p.restore),
+                admin_access=p.device in plan.admin,
             )
             for backend, items in prepared.items()
             for p in items
@@ -223,11 +250,13 @@ class Preparer:
         records of its own changes (`records_own_changes`); then the record need only survive a crash of this
         process, and is written from the loop itself when the journal is idle (no worker thread, no disk wait)."""
         if all(getattr(owner.backend, "records_own_changes", False) is True for owner, _ in plan.per_backend.values()):
-            started = self.checkpoint.start_unsynced_now(ref.uid, ref.namespace, ref.name, pairs)
+            started = self.checkpoint.start_unsynced_now(ref.uid, ref.namespace, ref.name, pairs, plan.admin)
             if started is not None:
                 return started
-            return await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs, False)
-        return await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs)
+            return await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs, False,
+                                           plan.admin)
+        return await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs, True,
+                                       plan.admin)
 
     def _publish(self, started: ClaimRecord, records: tuple[DeviceRecord, ...]) -> ClaimRecord:
         """Write the claim's CDI spec, then record it completed (one worker-thread hop for both: on a machine with
@@ -236,15 +265,26 @@ class Preparer:
         failpoint("prepare-after-cdi")
         return self.checkpoint.complete(started, records)
 
+    async def _readopt(self, ref: ClaimRef, plan: _Plan, record: ClaimRecord) -> ClaimRecord:
+        """A claim known from its CDI spec alone (its journal records were lost) gets its names and request names
+        back from the claim the kubelet asks for again."""
+        devices = tuple(replace(d, requests=plan.requests[d.device], admin_access=d.device in plan.admin)
+                        for d in record.devices)
+        adopted = replace(record, namespace=ref.namespace, name=ref.name, devices=devices, recovered=False)
+        await asyncio.to_thread(self.checkpoint.record, adopted)
+        self.log.info("claim known from its CDI spec is prepared again", claim=_name(ref))
+        return adopted
+
     def _conflict(self, ref: ClaimRef, plan: _Plan) -> str:
-        shared = {a.device for _, allocated in plan.per_backend.values() for a in allocated if a.admin_access}
+        wanted = set(plan.requests) - plan.admin
         for other in self.checkpoint.claims.values():
             if other.uid == ref.uid:
                 continue
-            taken = {d.device for d in other.devices} & set(plan.requests) - shared
+            taken = {d.device for d in other.devices if not d.admin_access} & wanted
             if taken:
-                return (f"device {sorted(taken)[0]} is already prepared for claim {other.namespace}/{other.name} "
-                        f"({other.uid}); unprepare that claim first")
+                who = f"{other.namespace}/{other.name} ({other.uid})" if other.name else f"with UID {other.uid}"
+                return (f"device {sorted(taken)[0]} is already prepared for claim {who}; unprepare that claim "
+                        "first")
         return ""
 
     async def _run_backends(self, ref: ClaimRef, plan: _Plan) -> tuple[dict[str, list[Prepared]], str]:
@@ -259,7 +299,7 @@ class Preparer:
             except BackendError as e:
                 return f"{_devices(allocated)}: {e}"
             except Exception as e:
-                self._log.exception("backend prepare failed", backend=owner.name, claim=_name(ref))
+                self.log.exception("backend prepare failed", backend=owner.name, claim=_name(ref))
                 return f"backend {owner.name} failed on {_devices(allocated)}: {type(e).__name__}: {e}"
             wanted = {a.device for a in allocated}
             if {p.device for p in prepared} != wanted or len(prepared) != len(wanted):
@@ -279,10 +319,10 @@ class Preparer:
         """Undo a prepare that failed part-way; the claim's devices must end up as they were."""
         for backend, items in prepared.items():
             try:
-                await self._backends[backend].unprepare(ref, items)
+                await self.backends[backend].unprepare(ref, items)
             except Exception as e:
                 # Keep the `started` record: the next prepare or restart rolls it back again.
-                self._log.error("undoing a failed prepare failed", backend=backend, claim=_name(ref), error=str(e))
+                self.log.error("undoing a failed prepare failed", backend=backend, claim=_name(ref), error=str(e))
                 return
         await asyncio.to_thread(self.store.delete, ref.uid)
         await asyncio.to_thread(self.checkpoint.remove, started.uid)
@@ -293,18 +333,18 @@ class Preparer:
             for d in record.devices
         ))
 
-    async def _ensure_spec(self, record: ClaimRecord) -> None:
+    async def ensure_spec(self, record: ClaimRecord) -> None:
         """Re-create a completed claim's CDI spec if it is gone (the CDI directory is a tmpfs)."""
         if not await asyncio.to_thread(self.store.exists, record.uid):
             await asyncio.to_thread(self.store.write, record.uid, claim_spec(self.driver, record.uid, record.devices))
-            self._log.info("re-created CDI spec", claim=f"{record.namespace}/{record.name}:{record.uid}")
+            self.log.info("re-created CDI spec", claim=f"{record.namespace}/{record.name}:{record.uid}")
 
     # --- unprepare --------------------------------------------------------------------------------------
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         started = time.perf_counter()
         record = self.checkpoint.claims.get(ref.uid)
-        if record is None and self._serialize is None:
+        if record is None and not self._serialize:
             return ""  # unknown claim: nothing to undo
         devices = [d.device for d in record.devices] if record else []
         try:
@@ -313,22 +353,26 @@ class Preparer:
                 if record is None:
                     return ""
                 failpoint("unprepare-before-backends")
-                error = await self._release(ref, record)
+                error = await self.release(ref, record)
         except Exception as e:
-            self._log.exception("unprepare failed unexpectedly", claim=_name(ref))
+            self.log.exception("unprepare failed unexpectedly", claim=_name(ref))
             error = f"internal error while unpreparing: {type(e).__name__}: {e}"
         self._observe("unprepare", time.perf_counter() - started, bool(error))
-        self._log.info("unprepared claim" if not error else "claim not unprepared", claim=_name(ref),
-                       **({"error": error} if error else {}))
+        self.log.info("unprepared claim" if not error else "claim not unprepared", claim=_name(ref),
+                      **({"error": error} if error else {}))
         return error
 
-    async def _release(self, ref: ClaimRef, record: ClaimRecord) -> str:
+    async def release(self, ref: ClaimRef, record: ClaimRecord) -> str:
+        """Undo a claim's preparation from its record and forget it; an error message when a backend failed (the
+        record is kept, so the next unprepare tries again). The caller holds the claim's locks."""
         by_backend: dict[str, list[Prepared]] = {}
         for d in record.devices:
             by_backend.setdefault(d.backend, []).append(
                 Prepared(device=d.device, edits=d.edits, common_edits=d.common_edits, restore=d.restore))
         for backend, items in by_backend.items():
-            owner = self._backends.get(backend)
+            if not backend:
+                continue  # a device of a claim known from its CDI spec alone, no longer on this node
+            owner = self.backends.get(backend)
             if owner is None:
                 return f"backend {backend}, which prepared {_devices(items)}, is not loaded; load it to unprepare"
             try:
@@ -345,43 +389,58 @@ class Preparer:
         failpoint("unprepare-after-removed")
         return ""
 
-    # --- start-up ---------------------------------------------------------------------------------------
-
-    async def recover(self) -> None:
-        """Make the checkpoint, the CDI directory and the hardware agree after a restart or a crash."""
-        await asyncio.to_thread(self.checkpoint.load)
-        for problem in self.checkpoint.problems:
-            self._log.error("checkpoint record unreadable", problem=problem)
-        for record in list(self.checkpoint.claims.values()):
-            if record.state == "started":
-                await self._roll_back(record)
-            elif record.boot_id == self.checkpoint.boot_id:
-                await self._ensure_spec(record)
-        live = {c.uid for c in self.checkpoint.claims.values() if c.boot_id == self.checkpoint.boot_id}
-        removed = await asyncio.to_thread(self.store.sweep, live)
-        for uid in removed:
-            self._log.info("removed CDI spec no claim owns", spec=uid)
-
-    async def _roll_back(self, record: ClaimRecord) -> None:
+    async def roll_back(self, record: ClaimRecord) -> None:
         """Undo a prepare that a crash cut short, from the device names the `started` record holds."""
         ref = ClaimRef(record.uid, record.namespace, record.name)
-        self._log.warning("rolling back a prepare that did not complete", claim=_name(ref))
-        error = await self._release(ref, record)
+        self.log.warning("rolling back a prepare that did not complete", claim=_name(ref),
+                         instance=record.owner or None)
+        error = await self.release(ref, record)
         if error:
-            self._log.error("roll-back failed; will retry", claim=_name(ref), error=error)
+            self.log.error("roll-back failed; will retry", claim=_name(ref), error=error)
 
     # --- locking ----------------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def _exclusive(self, uid: str, devices: Sequence[str]) -> AsyncIterator[None]:
-        """Hold the claim's and its devices' locks, and during rolling updates the cross-instance lock."""
+    async def shared_state(self) -> AsyncIterator[None]:
+        """Hold the cross-instance lock, with the checkpoint brought up to date: what start-up recovery and the
+        reaper hold while they change shared state."""
         async with AsyncExitStack() as stack:
-            if self._serialize is not None:
-                await stack.enter_async_context(self._serialize.hold())
+            if self.instance_lock is not None:
+                await stack.enter_async_context(self.instance_lock.hold())
                 # The other instance may have changed the checkpoint while it held the lock: read that first.
                 await asyncio.to_thread(self.checkpoint.refresh)
+            yield
+
+    @asynccontextmanager
+    async def exclusive(self, uid: str, devices: Sequence[str]) -> AsyncIterator[None]:
+        """Hold the claim's and its devices' locks, and during rolling updates the cross-instance lock."""
+        async with self._exclusive(uid, devices):
+            yield
+
+    @asynccontextmanager
+    async def _exclusive(self, uid: str, devices: Sequence[str]) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if self._serialize:
+                await stack.enter_async_context(self.shared_state())
             await stack.enter_async_context(self._locks.hold([f"claim/{uid}", *(f"device/{d}" for d in devices)]))
             yield
+
+
+def _one_per_uid(claims: Sequence[ClaimRef], done: str) -> tuple[list[ClaimRef], dict[str, str]]:
+    """The claims of a request, each UID once; a UID named with two different names gets an error instead, as no
+    answer (keyed by UID) could say which of the two it is for."""
+    by_uid: dict[str, list[ClaimRef]] = {}
+    for ref in claims:
+        by_uid.setdefault(ref.uid, []).append(ref)
+    refs: list[ClaimRef] = []
+    clashes: dict[str, str] = {}
+    for uid, named in by_uid.items():
+        names = sorted({f"{r.namespace}/{r.name}" for r in named})
+        if len(names) > 1:
+            clashes[uid] = f"claim UID {uid} appears in one request as {' and '.join(names)}; not {done}"
+        else:
+            refs.append(named[0])
+    return refs, clashes
 
 
 def _name(ref: ClaimRef) -> str:

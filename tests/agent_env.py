@@ -82,15 +82,18 @@ def flags_for(settings: Settings) -> list[str]:
 
 
 def allocate(server: TestApiServer, name: str, results: list[tuple[str, str, str]],
-             configs: list[dict[str, Any]] | None = None, namespace: str = "default") -> ClaimRef:
-    """Store an allocated claim in the API server, as the scheduler would leave it; the kubelet's reference."""
+             configs: list[dict[str, Any]] | None = None, namespace: str = "default", admin: bool = False) -> ClaimRef:
+    """Store an allocated claim in the API server, as the scheduler would leave it; the kubelet's reference. With
+    `admin` every request asks for (and every result has) admin access."""
     uid = str(uuid.uuid4())
+    access = {"adminAccess": True} if admin else {}
     server.put_claim({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": d}} for r, d, _ in results]}},
+        "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": d, **access}}
+                                          for r, d, _ in results]}},
         "status": {"allocation": {"devices": {
-            "results": [{"request": r, "driver": d, "pool": NODE, "device": dev} for r, d, dev in results],
+            "results": [{"request": r, "driver": d, "pool": NODE, "device": dev, **access} for r, d, dev in results],
             "config": configs or [],
         }}},
     })
@@ -209,6 +212,14 @@ def simulated_nvml() -> SimulatedNvml:
     """The simulated NVML an in-process agent's node plugged in under pynvml."""
     assert isinstance(pynvml.nvmlLib, SimulatedNvml)
     return pynvml.nvmlLib
+
+
+def lose_claims(settings: Settings, driver: str) -> None:
+    """Every record of the driver's prepared claims gone, checkpoint and CDI specs alike (a wiped state directory and
+    CDI tmpfs): what a backend made on the hardware for them is known only from the backend's own records."""
+    (settings.state_dir / driver / "checkpoint.journal").unlink()
+    for spec in settings.cdi_dir.glob(f"k8s.{driver}-claim_*"):
+        spec.unlink()
 
 
 def journal_entries(path: Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,12 +29,15 @@ class FakeClaims:
 
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     failing: str | None = None
+    hanging: bool = False  # a read that never gets an answer (an API server stalled on connect)
     reads: int = 0
 
     async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         self.reads += 1
         if self.failing:
             raise RuntimeError(self.failing)
+        if self.hanging:
+            await asyncio.Event().wait()
         return self.claims.get((namespace, name))
 
     def add(self, name: str, results: list[tuple[str, str, str]], configs: list[dict[str, Any]] | None = None,
@@ -63,7 +67,7 @@ class PrepareEnv:
     def cdi_dir(self) -> Path:
         return self.root / "cdi"
 
-    def preparer(self, driver: str, boot_id: str | None = None) -> Preparer:
+    def preparer(self, driver: str, boot_id: str | None = None, **options: Any) -> Preparer:
         """A (new) Preparer for a driver, as a (re)started agent would build it."""
         owners: dict[str, Owner] = {}
         backends = {}
@@ -79,7 +83,7 @@ class PrepareEnv:
             driver=driver, pool=NODE,
             checkpoint=Checkpoint(self.root / "state" / driver / "checkpoint.journal", boot),
             store=SpecStore(self.cdi_dir, vendor(driver), CLASS),
-            claims=self.claims, owner_of=owners.get, backends=backends, log=get_logger("test"),
+            claims=self.claims, owner_of=owners.get, backends=backends, log=get_logger("test"), **options,
         )
         preparer.checkpoint.load()
         self.preparers[driver] = preparer

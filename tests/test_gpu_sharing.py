@@ -20,6 +20,7 @@ from tests.agent_env import (
     agent_in_process,
     allocate,
     journal_entries,
+    lose_claims,
     plugin_after_restart,
     simulated_nvml,
     two_agents,
@@ -186,7 +187,7 @@ async def test_at_start_a_mode_set_for_a_claim_no_longer_held_is_put_back(scratc
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed
         assert mode_on_node(sim) == EXCLUSIVE_PROCESS
-        (settings.state_dir / GPU / "checkpoint.journal").unlink()
+        lose_claims(settings, GPU)
         await second.start()
         await plugin_after_restart(kubelet, plugin)
         assert mode_on_node(sim) == DEFAULT

@@ -32,7 +32,7 @@ from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.simulation.node import SimulatedNode, mig_minor
 from backends.simulation.variants import in_mig_mode
 from backends.topology import TopologyReader
-from tests.agent_env import agent_in_process, allocate, plugin_after_restart, two_agents
+from tests.agent_env import agent_in_process, allocate, lose_claims, plugin_after_restart, two_agents
 from tests.slice_checks import assert_valid_slices
 
 GPU = "gpu.nvidia.com"
@@ -255,7 +255,7 @@ async def test_at_start_mig_devices_no_claim_holds_any_more_are_destroyed(scratc
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed
         assert made_on_node(settings.sim_root, "0000:18:00.0") == [("2g.20gb", 2, 1)]
-        (settings.state_dir / GPU / "checkpoint.journal").unlink()
+        lose_claims(settings, GPU)
         await second.start()
         await plugin_after_restart(kubelet, plugin)
         assert made_on_node(settings.sim_root, "0000:18:00.0") == []

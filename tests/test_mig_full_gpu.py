@@ -21,6 +21,7 @@ from tests.agent_env import (
     agent_in_process,
     allocate,
     journal_entries,
+    lose_claims,
     plugin_after_restart,
     simulated_nvml,
     two_agents,
@@ -189,7 +190,7 @@ async def test_at_start_a_gpu_held_whole_for_a_claim_no_longer_held_goes_back_to
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed
         assert not mig_enabled_on_node(sim)
-        (settings.state_dir / GPU / "checkpoint.journal").unlink()
+        lose_claims(settings, GPU)
         await second.start()
         await plugin_after_restart(kubelet, plugin)
         assert mig_enabled_on_node(sim)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from agent.checkpoint import Checkpoint, DeviceRecord
+from agent.recovery import recover
 from backends.contract import Allocated, ClaimRef, Prepared, PrepareError
 from backends.simulation.node import SimulatedNode
 from tests.cdi_schema import cdi_schema_errors
@@ -177,9 +178,9 @@ async def test_failed_backend_leaves_nothing(sim_node: Callable[[str], Simulated
     try:
         preparer = env.preparer(GPU)
         gpu = env.devices(GPU)[0]
-        exploding = Exploding(preparer._owner_of(gpu).backend, gpu)  # type: ignore[union-attr]
-        real_owner = preparer._owner_of
-        preparer._owner_of = lambda d: (o.__class__(o.name, exploding, o.config_types)  # type: ignore[assignment,arg-type]
+        exploding = Exploding(preparer.owner_of(gpu).backend, gpu)  # type: ignore[union-attr]
+        real_owner = preparer.owner_of
+        preparer.owner_of = lambda d: (o.__class__(o.name, exploding, o.config_types)  # type: ignore[assignment,arg-type]
                                         if (o := real_owner(d)) else None)
         ref = env.claims.add("broken", [("gpu", GPU, gpu)])
         assert (await preparer.prepare([ref]))[ref.uid].error == f"{gpu}: {gpu}: the driver refused"
@@ -189,7 +190,7 @@ async def test_failed_backend_leaves_nothing(sim_node: Callable[[str], Simulated
         await env.close()
 
 
-async def test_recovery_rolls_back_started_and_sweeps_orphans(env: PrepareEnv) -> None:
+async def test_recovery_rolls_back_started_and_keeps_specs_it_cannot_account_for(env: PrepareEnv) -> None:
     gpus = env.devices(GPU)
     done = env.claims.add("done", [("gpu", GPU, gpus[0])])
     cut = env.claims.add("cut", [("gpu", GPU, gpus[1])])
@@ -198,19 +199,59 @@ async def test_recovery_rolls_back_started_and_sweeps_orphans(env: PrepareEnv) -
     # A crash after `started` was written: the claim's spec may or may not exist.
     preparer.checkpoint.start(cut.uid, "default", "cut", ((gpus[1], "nvidia-gpu"),))
     (env.cdi_dir / f"k8s.gpu.nvidia.com-claim_{cut.uid}.json").write_text("{}")
-    orphan = env.cdi_dir / "k8s.gpu.nvidia.com-claim_00000000-0000-0000-0000-00000000dead.json"
-    orphan.write_text('{"cdiVersion": "0.3.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}')
+    unreadable = env.cdi_dir / "k8s.gpu.nvidia.com-claim_00000000-0000-0000-0000-00000000dead.json"
+    unreadable.write_text('{"cdiVersion": "0.3.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}')
     foreign = env.cdi_dir / "nvidia.com-gpu.yaml"
     foreign.write_text("kind: nvidia.com/gpu\n")
     (env.cdi_dir / f"k8s.gpu.nvidia.com-claim_{done.uid}.json").unlink()
     preparer.checkpoint.close()
 
     restarted = env.preparer(GPU)
-    await restarted.recover()
+    await recover(restarted)
     assert set(restarted.checkpoint.claims) == {done.uid}
     assert sorted(p.name for p in env.cdi_dir.iterdir()) == sorted(
-        [f"k8s.gpu.nvidia.com-claim_{done.uid}.json", "nvidia.com-gpu.yaml"])
+        [f"k8s.gpu.nvidia.com-claim_{done.uid}.json", unreadable.name, "nvidia.com-gpu.yaml"]), (
+        "a spec that names no claim's device is not deleted on a guess")
     assert (await restarted.prepare([cut]))[cut.uid].error == "", "the kubelet's retry succeeds"
+
+
+async def test_a_lost_journal_keeps_its_claims_prepared_from_their_specs(env: PrepareEnv) -> None:
+    gpus = env.devices(GPU)
+    ref = env.claims.add("train", [("gpu", GPU, gpus[0])])
+    preparer = env.preparer(GPU)
+    first = await preparer.prepare([ref])
+    spec = env.cdi_dir / f"k8s.gpu.nvidia.com-claim_{ref.uid}.json"
+    before = spec.read_text()
+    preparer.checkpoint.close()
+    preparer.checkpoint.path.unlink()  # moved aside by an operator, or lost
+
+    restarted = env.preparer(GPU)
+    await recover(restarted)
+    assert spec.read_text() == before, "the spec of a claim it cannot account for stays"
+    record = restarted.checkpoint.claims[ref.uid]
+    assert record.recovered and [d.device for d in record.devices] == [gpus[0]]
+    other = env.claims.add("other", [("gpu", GPU, gpus[0])])
+    refused = (await restarted.prepare([other]))[other.uid].error
+    assert f"device {gpus[0]} is already prepared for claim with UID {ref.uid}" in refused
+    # The kubelet asks again (it does after its own restart): the same answer, request names and all.
+    assert await restarted.prepare([ref]) == first
+    assert not restarted.checkpoint.claims[ref.uid].recovered
+    assert await restarted.unprepare([ref]) == {ref.uid: ""}
+    assert not spec.exists()
+    assert (await restarted.prepare([other]))[other.uid].error == ""
+
+
+async def test_a_recovered_claim_unprepared_without_asking_again_is_released(env: PrepareEnv) -> None:
+    gpus = env.devices(GPU)
+    ref = env.claims.add("train", [("gpu", GPU, gpus[2])])
+    preparer = env.preparer(GPU)
+    await preparer.prepare([ref])
+    preparer.checkpoint.close()
+    preparer.checkpoint.path.unlink()
+    restarted = env.preparer(GPU)
+    await recover(restarted)
+    assert await restarted.unprepare([ref]) == {ref.uid: ""}
+    assert restarted.checkpoint.claims == {} and list(env.cdi_dir.iterdir()) == []
 
 
 async def test_claims_from_before_a_reboot_are_prepared_again(env: PrepareEnv) -> None:
@@ -222,7 +263,7 @@ async def test_claims_from_before_a_reboot_are_prepared_again(env: PrepareEnv) -
         spec.unlink()  # tmpfs after a reboot
     new_boot = env.node.reboot()
     after = env.preparer(GPU)
-    await after.recover()
+    await recover(after)
     assert after.checkpoint.claims[ref.uid].boot_id != new_boot
     assert list(env.cdi_dir.iterdir()) == [], "nothing re-created from a previous boot's state"
     assert await after.prepare([ref]) == first
@@ -314,9 +355,9 @@ async def test_the_started_record_waits_for_the_disk_only_for_backends_that_keep
         real_sync(fd)
 
     monkeypatch.setattr(os, "fdatasync", sync)
-    watching = Watching(preparer._owner_of(gpus[1]).backend, journal, syncs, declared)  # type: ignore[union-attr]
-    real_owner = preparer._owner_of
-    preparer._owner_of = lambda d: (o.__class__(o.name, watching, o.config_types)  # type: ignore[assignment,arg-type]
+    watching = Watching(preparer.owner_of(gpus[1]).backend, journal, syncs, declared)  # type: ignore[union-attr]
+    real_owner = preparer.owner_of
+    preparer.owner_of = lambda d: (o.__class__(o.name, watching, o.config_types)  # type: ignore[assignment,arg-type]
                                     if (o := real_owner(d)) else None)
     ref = env.claims.add("train", [("gpu", GPU, gpus[1])])
     assert (await preparer.prepare([ref]))[ref.uid].error == ""
@@ -334,3 +375,36 @@ def reopened_state(journal: Path, uid: str) -> str | None:
     again.load()
     record = again.claims.get(uid)
     return record.state if record else None
+
+
+async def test_one_uid_twice_in_a_request_gets_one_consistent_answer(env: PrepareEnv) -> None:
+    gpus = env.devices(GPU)
+    ref = env.claims.add("train", [("gpu", GPU, gpus[0])])
+    preparer = env.preparer(GPU)
+    same = await preparer.prepare([ref, ref])
+    assert list(same) == [ref.uid] and same[ref.uid].error == ""
+    assert await preparer.prepare([ref]) == same
+
+    renamed = ClaimRef(ref.uid, ref.namespace, "impostor")
+    other = env.claims.add("other", [("gpu", GPU, gpus[1])])
+    answers = await preparer.prepare([ref, renamed, other])
+    assert answers[ref.uid].error == (f"claim UID {ref.uid} appears in one request as default/impostor and "
+                                      "default/train; not prepared")
+    assert answers[other.uid].error == "", "the rest of the request is prepared"
+    assert preparer.checkpoint.claims[ref.uid].state == "completed", "what was prepared stays prepared"
+    assert (await preparer.unprepare([ref, renamed]))[ref.uid].endswith("not unprepared")
+    assert ref.uid in preparer.checkpoint.claims
+    assert await preparer.unprepare([ref, ref, other]) == {ref.uid: "", other.uid: ""}
+    assert preparer.checkpoint.claims == {}
+
+
+async def test_a_claim_read_that_never_returns_fails_within_its_own_deadline(env: PrepareEnv) -> None:
+    ref = env.claims.add("train", [("gpu", GPU, env.devices(GPU)[0])])
+    preparer = env.preparer(GPU, claim_read_seconds=0.05)
+    env.claims.hanging = True
+    result = (await preparer.prepare([ref]))[ref.uid]
+    assert result.error == "cannot read claim default/train: no answer from the API server within 0.05 s"
+    assert preparer.checkpoint.claims == {}
+    env.claims.hanging = False
+    assert (await preparer.prepare([ref]))[ref.uid].error == "", "the kubelet's retry succeeds"
+
