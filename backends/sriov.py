@@ -37,7 +37,7 @@ from backends.host_net import read_host_network
 from backends.sriov_numvfs import VfCountError, VfCountRule, apply_vf_count, physical_functions, wanted_counts
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex, read_int, read_link_name
 from backends.topology import device_name
-from backends.vfio import PassthroughBackend, VfioConfig
+from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
 from cdi.spec import ContainerEdits, DeviceNode
 
 if TYPE_CHECKING:
@@ -193,9 +193,10 @@ class SriovNicBackend(PassthroughBackend):
         missing = [a.device for a in devices if a.device not in self._vfs]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
-        plain = [a for a in devices if not isinstance(a.config, VfioConfig)]
+        through = {a.device for a in devices if wants_passthrough(a)}
+        plain = [a for a in devices if a.device not in through]
         prepared = {p.device: p for p in await asyncio.to_thread(self._prepare, plain)} if plain else {}
-        passthrough = [(a.device, self._vfs[a.device]) for a in devices if isinstance(a.config, VfioConfig)]
+        passthrough = [(a.device, self._vfs[a.device]) for a in devices if a.device in through]
         if passthrough:
             for item in await self.passthrough().prepare(claim.uid, passthrough, set(self._vfs.values())):
                 prepared[item.device] = item

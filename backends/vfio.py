@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from backends.base import BuiltinBackend
 from backends.config import CONFIG_API_VERSION, OpaqueConfig
-from backends.contract import BackendContext, Prepared, PrepareError
+from backends.contract import Allocated, BackendContext, Prepared, PrepareError
 from backends.failpoints import failpoint
 from backends.host_net import read_host_network
 from backends.journal import Journal
@@ -32,7 +32,7 @@ from backends.sysfs import SysfsError, list_dir, read_hex, read_int, read_link_n
 from backends.vfio_sysfs import VFIO_PCI, Deadline, Job, Rebinder, StuckError
 from cdi.spec import ContainerEdits, DeviceNode
 
-__all__ = ["CLAIM_SECONDS", "Passthrough", "PassthroughBackend", "VfioConfig"]
+__all__ = ["CLAIM_SECONDS", "Passthrough", "PassthroughBackend", "VfioConfig", "wants_passthrough"]
 
 CLAIM_SECONDS = 15.0
 """How long the driver changes of one claim may take before the claim fails."""
@@ -50,6 +50,17 @@ class VfioConfig(OpaqueConfig):
 
     API_VERSION: ClassVar[str] = CONFIG_API_VERSION
     KIND: ClassVar[str] = "VfioConfig"
+
+
+def wants_passthrough(allocated: Allocated) -> bool:
+    """Whether the device is to be passed through. Admin access never reconfigures a device (other claims may use
+    it meanwhile), so a VfioConfig for a device allocated with admin access is refused rather than ignored."""
+    if not isinstance(allocated.config, VfioConfig):
+        return False
+    if allocated.admin_access:
+        raise PrepareError(f"{allocated.device}: allocated with admin access, which never reconfigures a device; "
+                           "VfioConfig is not applied to it (use a device class without it)")
+    return True
 
 
 class Passthrough:

@@ -107,10 +107,10 @@ class NvidiaMigBackend(NvidiaBackend):
                 if self._maker is None or self._whole is None:
                     raise PrepareError("dynamic MIG devices are made only by `dra-agent run`, which records them")
                 offer = self._offers[allocated.device]
-                if allocated.device in whole and allocated.admin_access:
-                    # Watching a GPU other claims may use: its MIG mode stays as it is.
-                    node = DeviceNode(f"/dev/nvidia{offer.gpu_minor}")
-                    prepared.append(Prepared(allocated.device, ContainerEdits(device_nodes=(node,)), common))
+                if allocated.admin_access:
+                    # Watching a GPU other claims may use: nothing is made, its MIG mode stays as it is.
+                    edits = await asyncio.to_thread(self._maker.watch, allocated.device, offer)
+                    prepared.append(Prepared(allocated.device, edits, common))
                     continue
                 if allocated.device in whole:
                     prepared.append(await self._take_whole(claim, allocated.device, offer, modes, common))

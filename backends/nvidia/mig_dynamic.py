@@ -35,7 +35,7 @@ from backends.nvidia.nvml_mig import (
     mig_instance_exists,
 )
 from backends.topology import PciTopology, device_name
-from cdi.spec import ContainerEdits
+from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["MigMaker", "Offer", "dynamic_devices"]
 
@@ -114,6 +114,15 @@ class MigMaker:
             if entry.compute_instance is None:
                 entry = self._finish(entry, placement, adopt=not fresh)
         return self._edits(offer, entry), _restore(entry)
+
+    def watch(self, device: str, offer: Offer) -> ContainerEdits:
+        """What admin access to `device` gets, changing nothing: the MIG device's nodes while a claim has it made,
+        else the GPU's own node (NVML on it sees every MIG device of the GPU)."""
+        with self._lock:
+            made = next((e for e in self.ledger if e.device == device and e.compute_instance is not None), None)
+        if made is not None and offer.placement is not None:
+            return self._edits(offer, made)
+        return ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{offer.gpu_minor}"),))
 
     def _finish(self, entry: LedgerEntry, placement: Placement, adopt: bool) -> LedgerEntry:
         """Create what the intent names; with `adopt` (an intent an earlier attempt left, cut short by a crash),
