@@ -34,6 +34,7 @@ from tests.agent_env import (
     agent_in_process,
     allocate,
     journal_entries,
+    lose_claims,
     plugin_after_restart,
     settings_for,
     two_agents,
@@ -202,12 +203,53 @@ async def test_at_start_a_vf_no_claim_holds_any_more_goes_back_to_its_driver(scr
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed
         assert driver_of(sim, VF_BDF) == "vfio-pci"
-        (settings.state_dir / SRIOV / "checkpoint.journal").unlink()
+        lose_claims(settings, SRIOV)
         await second.start()
         await plugin_after_restart(kubelet, plugin)
         assert driver_of(sim, VF_BDF) == "mlx5_core"
         assert "returning a device bound to vfio-pci" in second.output()
         assert ledger(settings.state_dir, "sriov-nic") == {}
+
+
+async def test_a_lost_journal_keeps_a_vf_passed_through_for_its_claim(scratch: Path) -> None:
+    """The checkpoint is lost while a VF is on vfio-pci, the claim's CDI spec is not: the claim is still prepared (its
+    VM runs), so the VF stays bound and held until the kubelet unprepares the claim."""
+    async with two_agents(scratch, "dgx-h100", backends=("sriov-nic",)) as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        sim = settings.sim_root
+        assert sim is not None
+        plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
+        ref = allocate(server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
+        await plugin.prepare_or_raise([ref])
+        await run.first.stop()  # killed
+        (settings.state_dir / SRIOV / "checkpoint.journal").unlink()
+        await run.second.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        assert driver_of(sim, VF_BDF) == "vfio-pci"
+        assert "CDI spec of a claim the checkpoint does not know" in run.second.output()
+        other = allocate(server, "other", [("dev", SRIOV, "vf-0000-19-00-1")])
+        error = (await plugin.prepare([other]))[other.uid].error
+        assert error.startswith(f"device vf-0000-19-00-1 is already prepared for claim with UID {ref.uid}")
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert driver_of(sim, VF_BDF) == "mlx5_core"
+        assert (await plugin.prepare([other]))[other.uid].error == ""
+
+
+@pytest.mark.parametrize("point", VFIO_POINTS)
+async def test_a_gpu_rolled_back_from_vfio_serves_a_claim_without_vfio_at_once(scratch: Path, point: str) -> None:
+    """No rediscovery needs to run between the roll-back at start and the next claim (without udev none does)."""
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",), failpoint=point) as run:
+        plugin = await run.kubelet.wait_for_plugin(GPU, timeout=30)
+        ref = allocate(run.server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
+        with pytest.raises(KubeletError):
+            await plugin.prepare([ref])
+        assert await run.first.wait() == -signal.SIGKILL
+        await run.second.start()
+        plugin = await plugin_after_restart(run.kubelet, plugin)
+        plain = allocate(run.server, "plain", [("dev", GPU, "gpu-0000-18-00-0")])
+        result = (await plugin.prepare([plain]))[plain.uid]
+        assert result.error == ""
+        assert "/dev/nvidia0" in cdi_nodes(run.settings.cdi_dir, plain.uid)
 
 
 def _bare_function(sysfs: Path, bus_id: str, group: int, driver: str) -> Path:

@@ -16,7 +16,7 @@ from backends.nvidia.passthrough import describe, held_device
 from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.sysfs import read_link_name
 from backends.topology import device_name
-from backends.vfio import PassthroughBackend, VfioConfig
+from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
 from cdi.spec import ContainerEdits, DeviceNode
 
 __all__ = ["NvidiaGpuBackend"]
@@ -113,10 +113,12 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         missing = [a.device for a in devices if a.device not in self._refs]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
-        plain = [a for a in devices if not isinstance(a.config, VfioConfig)]
-        gone = [a.device for a in plain if a.device not in self._minors]
+        through = {a.device for a in devices if wants_passthrough(a)}
+        plain = [a for a in devices if a.device not in through]
+        minors = {a.device: self._minor(a.device) for a in plain}
+        gone = [a.device for a in plain if minors[a.device] is None]
         if gone:
-            raise PrepareError(f"{', '.join(gone)} is passed through with vfio-pci for another claim")
+            raise PrepareError(await self._why_not_on_nvidia(gone))
         common = await self.common_edits(plain) if plain else None
         prepared: dict[str, Prepared] = {}
         try:
@@ -128,11 +130,11 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                         self.modes.apply, claim.uid, a.device, self._refs[a.device].bus_id, mode)
                 prepared[a.device] = Prepared(
                     device=a.device,
-                    edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{self._minors[a.device]}"),)),
+                    edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{minors[a.device]}"),)),
                     common_edits=common,
                     restore=restore,
                 )
-            passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if isinstance(a.config, VfioConfig)]
+            passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if a.device in through]
             if passthrough:
                 published = {ref.bus_id for ref in self._refs.values()}
                 notes = {d: describe(self._devices[d], bus_id) for d, bus_id in passthrough}
@@ -143,6 +145,26 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
             await self._restore_modes(claim, list(prepared.values()))
             raise
         return [prepared[a.device] for a in devices]
+
+    def _minor(self, device: str) -> int | None:
+        """N of the GPU's /dev/nvidiaN while the nvidia driver holds it: from the last discovery, or for a GPU given
+        back from vfio-pci since (no discovery may have run yet: without udev none runs until the next start), as it
+        was published, once the nvidia driver has it again."""
+        if device in self._minors:
+            return self._minors[device]
+        returning = self._returning.get(device)
+        if returning is None:
+            return None
+        _, published, bus_id = returning
+        minor = published.attributes.get("minor")
+        held = read_link_name(self.ctx.sysfs_root / "bus/pci/devices" / bus_id / "driver") == "nvidia"
+        return minor if held and isinstance(minor, int) and not isinstance(minor, bool) else None
+
+    async def _why_not_on_nvidia(self, devices: Sequence[str]) -> str:
+        holders = {e["device"]: e["claim"] for e in await self.passthrough().entries()} if self.ctx.state_dir else {}
+        reasons = [f"{d} is passed through with vfio-pci for claim {holders[d]}" if d in holders else
+                   f"{d} is not held by the nvidia driver (NVML does not list it)" for d in devices]
+        return "; ".join(reasons)
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         """GPUs passed through go back to their driver; GPUs whose compute mode was set get their own back."""
