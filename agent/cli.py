@@ -22,7 +22,7 @@ Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
 _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
     "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid", "metrics_address",
-    "health_timeout", "no_execute",
+    "health_timeout", "no_execute", "reap_interval", "reap_grace",
 )
 
 
@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                        type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
                        help="health causes whose device taint evicts pods (NoExecute), e.g. gpu-lost,xid; "
                             "others taint NoSchedule")
+    group.add_argument("--reap-interval", dest="reap_interval", type=float, metavar="SECONDS",
+                       help="seconds between checks of the prepared claims against the API server (600); a claim "
+                            "whose ResourceClaim is gone or no longer allocated here is unprepared")
+    group.add_argument("--reap-grace", dest="reap_grace", type=float, metavar="SECONDS",
+                       help="seconds a prepared claim must have been gone before it is unprepared (300)")
     run.set_defaults(handler=run_command, output=None)
 
     demo = commands.add_parser(

@@ -29,6 +29,7 @@ from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.preparer import Owner, Preparer
 from agent.publisher import Features, Publisher
+from agent.reaper import Reaper
 from agent.recovery import recover
 from agent.settings import Settings
 from agent.slices import pool_slices
@@ -105,12 +106,15 @@ class Driver:
         """Replay the checkpoint (claims prepared before a restart stay prepared), publish, serve."""
         preparer = self.preparer = self._preparer()
         await recover(preparer)
+        settings = self._setup.settings
+        reaper = Reaper(preparer, self._setup.kube, self._setup.metrics, interval=settings.reap_interval,
+                        grace=settings.reap_grace)
+        self._tasks.append(asyncio.create_task(reaper.run(), name=f"reaper {self.name}"))
         self.board.in_use = lambda: {d.device for c in preparer.checkpoint.claims.values() for d in c.devices}
         for device in self.pool.devices:
             self._setup.metrics.set_health(self.name, device.name, Health.HEALTHY.value)
         # Publishing starts before the sockets: its round trips to the API server overlap with them.
         self._publish()
-        settings = self._setup.settings
         clients = self._setup.metrics.stream_clients.labels(self.name)
         self.plugin = KubeletPlugin(
             driver=self.name,

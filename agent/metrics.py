@@ -41,6 +41,9 @@ class Metrics:
                                    registry=self.registry)
         self.health_changes = Counter("dra_agent_device_health_changes", "Device health changes, by the new "
                                       "health and its cause", ["driver", "health", "cause"], registry=self.registry)
+        self.reaped_claims = Counter("dra_agent_reaped_claims", "Prepared claims unprepared because their "
+                                     "ResourceClaim was gone, replaced or no longer allocated to this node",
+                                     ["driver", "reason"], registry=self.registry)
         self.stream_clients = Gauge("dra_agent_health_stream_clients", "Open kubelet health streams", ["driver"],
                                     registry=self.registry)
 

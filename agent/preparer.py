@@ -105,7 +105,7 @@ class Preparer:
         self._serialize = serialize and instance_lock is not None
         self._metrics = metrics
         self._unusable = unusable  # device → why it must not be newly prepared (unhealthy), else None
-        self._claim_read_seconds = claim_read_seconds
+        self.claim_read_seconds = claim_read_seconds
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
@@ -136,11 +136,11 @@ class Preparer:
         try:
             check_reference(ref)
             try:
-                async with asyncio.timeout(self._claim_read_seconds):
+                async with asyncio.timeout(self.claim_read_seconds):
                     claim = await self._claims.get_claim(ref.namespace, ref.name)
             except TimeoutError:
                 return (f"cannot read claim {ref.namespace}/{ref.name}: no answer from the API server within "
-                        f"{self._claim_read_seconds:g} s")
+                        f"{self.claim_read_seconds:g} s")
             except Exception as e:
                 return f"cannot read claim {ref.namespace}/{ref.name}: {e}"
             if claim is None:
@@ -388,6 +388,16 @@ class Preparer:
         await asyncio.to_thread(self.checkpoint.remove, record.uid)
         failpoint("unprepare-after-removed")
         return ""
+
+    async def forget(self, ref: ClaimRef, record: ClaimRecord) -> str:
+        """Unprepare a claim the kubelet will not unprepare (its ResourceClaim is gone), if it is still prepared as
+        `record` says; under the cross-instance lock and the claim's locks. An error message, empty on success."""
+        async with self.shared_state(), self._locks.hold(
+                [f"claim/{ref.uid}", *(f"device/{d.device}" for d in record.devices)]):
+            current = self.checkpoint.claims.get(ref.uid)
+            if current is None or current.state != "completed":
+                return ""
+            return await self.release(ref, current)
 
     async def roll_back(self, record: ClaimRecord) -> None:
         """Undo a prepare that a crash cut short, from the device names the `started` record holds."""

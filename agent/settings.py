@@ -64,6 +64,12 @@ class Settings(BaseModel):
     health_timeout: int = Field(default=30, ge=2, le=3600)
     """Seconds the kubelet waits for news of a device before it reads as Unknown; the agent re-sends every
     device's health every half of it."""
+    reap_interval: float = Field(default=600.0, gt=0, le=86400)
+    """Seconds between two checks of the prepared claims against the API server (the first comes at start): a claim
+    whose ResourceClaim is gone, replaced or no longer allocated to this node is unprepared."""
+    reap_grace: float = Field(default=300.0, ge=0, le=86400)
+    """Seconds a prepared claim must have been found gone before it is unprepared: the kubelet's own unprepare may
+    still be on its way."""
     no_execute: tuple[str, ...] = ()
     """Health causes (e.g. gpu-lost, xid) whose device taint has effect NoExecute, evicting the pods that use
     the device; every other unhealthy device is tainted NoSchedule."""

@@ -11,8 +11,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
@@ -30,6 +32,7 @@ from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletSimulator, Plugin
 from backends.contract import ClaimRef
 from backends.simulation.nvml import SimulatedNvml
+from tests.timing import scaled
 
 NODE = "node-a"
 
@@ -78,6 +81,10 @@ def flags_for(settings: Settings) -> list[str]:
         flags += ["--backends", ",".join(settings.backends)]
     if settings.metrics_address:
         flags += ["--metrics-address", settings.metrics_address]
+    for name in ("reap_interval", "reap_grace"):
+        value = getattr(settings, name)
+        if value != Settings.model_fields[name].default:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
     return flags
 
 
@@ -212,6 +219,26 @@ def simulated_nvml() -> SimulatedNvml:
     """The simulated NVML an in-process agent's node plugged in under pynvml."""
     assert isinstance(pynvml.nvmlLib, SimulatedNvml)
     return pynvml.nvmlLib
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def metrics_of(address: str) -> dict[str, float]:
+    """An agent's /metrics samples, by their text form (`name{labels}`)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=scaled(5)) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
 
 
 def lose_claims(settings: Settings, driver: str) -> None:
