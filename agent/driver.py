@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint import Checkpoint
+from agent.checkpoint import Checkpoint, CheckpointError
 from agent.claim_cdi import CLASS, vendor
 from agent.device_health import HealthBoard
 from agent.health import HealthStream
@@ -235,7 +235,11 @@ class Driver:
             self._setup.metrics.set_health(self.name, device, self.board.state(device).health.value)
         if not self.active:
             if after:
-                await self._activate()
+                try:
+                    await self._activate()
+                except CheckpointError as e:  # the agent goes on serving its other drivers
+                    self.preparer = None
+                    self._log.error("driver not started: its checkpoint cannot be used", error=str(e))
         else:
             self._publish()
 
@@ -288,6 +292,6 @@ def _merged(driver: str, reports: Iterable[BackendReport]) -> Pool:
 
 
 def _has_state(folder: Path) -> bool:
-    journal = folder / "checkpoint.journal"
-    return journal.exists() and journal.stat().st_size > 0
+    """A journal of claims this driver prepared: it must be read (even an empty file, which is a damaged one)."""
+    return (folder / "checkpoint.journal").exists()
 
