@@ -16,6 +16,7 @@ import pytest
 
 from agent.checkpoint import read_boot_id
 from agent.driver import Driver, DriverSetup
+from agent.instances import Instances
 from agent.inventory import BackendReport
 from agent.kube import KubeClient
 from agent.kubelet_api import HealthStatus
@@ -121,7 +122,9 @@ async def make_env(scratch: Path) -> AsyncIterator[Callable[..., Any]]:
             publisher = Publisher(kube, NODE, get_logger("publisher"), metrics)
             stack.push_async_callback(publisher.stop)
             backend = ScriptedBackend(devices)
-            setup = DriverSetup(config, NODE, kube, publisher, metrics, read_boot_id(Path("/proc")))
+            instances = Instances(config.state_dir).register(config.pod_uid)
+            stack.callback(instances.close)
+            setup = DriverSetup(config, NODE, kube, publisher, metrics, read_boot_id(Path("/proc")), instances)
             driver = Driver(setup, DRIVER, [await report(backend)])
             await driver.start()
             stack.push_async_callback(driver.stop, 1.0)
