@@ -18,6 +18,7 @@ from pathlib import Path
 from agent.checkpoint import CheckpointError, read_boot_id
 from agent.driver import Driver, DriverSetup
 from agent.host import Host, NodeNameError, open_host, resolve_node_name
+from agent.host_netns import resolve_host_netns
 from agent.inventory import BackendReport, stop_all, survey
 from agent.kube import KubeClient, KubeError
 from agent.links import LinkMonitor, open_link_monitor
@@ -31,7 +32,7 @@ from agent.settings import Settings
 from agent.udev import UdevMonitor, open_udev_monitor
 from backends.simulation.profile import ProfileError
 
-__all__ = ["Agent", "run"]
+__all__ = ["Agent", "open_kernel_events", "run"]
 
 STOP_GRACE = 6.0
 """Seconds in-flight kubelet calls get to finish at shutdown; the whole stop stays within 10 s."""
@@ -66,12 +67,10 @@ class Agent:
     async def start(self) -> None:
         # Opened before the backends start, so no hot-plug between their discovery and their subscription is lost:
         # events queue in the netlink socket until read.
-        self._udev = open_udev_monitor(self.host)
-        if self._udev is not None:
-            self._udev.start()
-        self._links = open_link_monitor()
-        if self._links is not None:
-            self._links.start()
+        self._udev, self._links = open_kernel_events(self.settings, self.host)
+        for monitor in (self._udev, self._links):
+            if monitor is not None:
+                monitor.start()
         found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry,
                              links=self._links, state_root=self.settings.state_dir / "backends")
         self._plugins = found.started
@@ -118,6 +117,13 @@ class Agent:
                 monitor.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
+
+
+def open_kernel_events(settings: Settings, host: Host) -> tuple[UdevMonitor | None, LinkMonitor | None]:
+    """The uevent and link monitors, opened in the host's network namespace wherever the agent runs (see
+    agent/host_netns.py), receiving already but not yet read; each None where it cannot be opened."""
+    netns = resolve_host_netns(settings.host_netns, host.host_root, simulated=host.profile is not None)
+    return open_udev_monitor(host, netns=netns), open_link_monitor(netns)
 
 
 def _proc(host: Host) -> Path:
