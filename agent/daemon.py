@@ -18,7 +18,7 @@ from pathlib import Path
 from agent.checkpoint import CheckpointError, read_boot_id
 from agent.driver import Driver, DriverSetup
 from agent.host import Host, NodeNameError, open_host, resolve_node_name
-from agent.host_netns import resolve_host_netns
+from agent.host_netns import resolve_host_netns, sysfs_netdevs_problem
 from agent.inventory import BackendReport, stop_all, survey
 from agent.kube import KubeClient, KubeError
 from agent.links import LinkMonitor, open_link_monitor
@@ -71,6 +71,10 @@ class Agent:
         for monitor in (self._udev, self._links):
             if monitor is not None:
                 monitor.start()
+        if self.host.profile is None:
+            problem = sysfs_netdevs_problem(self.host.sysfs_root, self.host.host_root)
+            if problem is not None:
+                self._log.warning(problem)
         found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry,
                              links=self._links, state_root=self.settings.state_dir / "backends")
         self._plugins = found.started

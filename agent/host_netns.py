@@ -11,6 +11,10 @@ The host's namespace is that of the host's PID 1, `<host_root>/proc/1/ns/net`: t
 root, its /proc included, at /host, so the pod needs no `hostPID`. Entering needs CAP_SYS_ADMIN, which the
 privileged container has. The setting `host_netns` ("auto", "off" or a namespace file) chooses; see
 docs/deploy.md.
+
+The same namespaces decide what sysfs shows: `class/net` and the `net/` folders of PCI functions list only the
+network devices of the namespace sysfs was mounted in. `sysfs_netdevs_problem` tells when the sysfs the agent
+reads is not the host's.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import TypeVar
 
 from agent.logs import get_logger
 
-__all__ = ["AUTO", "HOST_NETNS_FILE", "OFF", "NetnsError", "in_netns", "resolve_host_netns"]
+__all__ = ["AUTO", "HOST_NETNS_FILE", "OFF", "NetnsError", "in_netns", "resolve_host_netns",
+           "sysfs_netdevs_problem"]
 
 AUTO, OFF = "auto", "off"
 HOST_NETNS_FILE = "proc/1/ns/net"
@@ -131,3 +136,48 @@ def _same_file(a: Path, b: Path) -> bool:
     first, second = os.stat(a), os.stat(b)
     return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
+
+def sysfs_netdevs_problem(sysfs_root: Path, host_root: Path) -> str | None:
+    """Why the network devices in `<sysfs_root>/class/net` are not the host's, or None when they are or the
+    host's cannot be read (`<host_root>/proc/1/net/dev`, the devices of the host's PID 1's namespace).
+
+    A sysfs mounted in a pod's network namespace shows the pod's devices and hides the host's, SR-IOV physical
+    functions included. The lists are read twice before they are called different: a device may come or go
+    between the two reads.
+    """
+    problem = None
+    for _ in range(2):
+        host = _proc_netdevs(host_root / "proc/1/net/dev")
+        if host is None:
+            return None
+        try:
+            seen = set(os.listdir(sysfs_root / "class/net"))
+        except OSError as e:
+            return f"{sysfs_root}/class/net cannot be read: {e.strerror or e}"
+        problem = _difference(sysfs_root, seen, host)
+        if problem is None:
+            return None
+    return problem
+
+
+def _difference(sysfs_root: Path, seen: set[str], host: set[str]) -> str | None:
+    if seen == host:
+        return None
+    parts = []
+    if host - seen:
+        parts.append(f"missing the host's {', '.join(sorted(host - seen)[:8])}")
+    if seen - host:
+        parts.append(f"showing {', '.join(sorted(seen - host)[:8])}, which the host does not have")
+    return (f"the sysfs at {sysfs_root} does not show the host's network devices ({'; '.join(parts)}): it was "
+            f"mounted in another network namespace, so SR-IOV physical functions and their VFs' interfaces are "
+            f"missing or wrong; mount the host's /sys there")
+
+
+def _proc_netdevs(path: Path) -> set[str] | None:
+    """The interface names in a /proc/<pid>/net/dev (two header lines, then `name: counters`); None when it
+    cannot be read."""
+    try:
+        lines = path.read_text().splitlines()[2:]
+    except OSError:
+        return None
+    return {line.split(":", 1)[0].strip() for line in lines if ":" in line}

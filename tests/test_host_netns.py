@@ -1,6 +1,6 @@
 """The agent's kernel event sources opened in the host's network namespace from a pod's: entering a namespace,
 choosing it (`host_netns`), the monitors as `Agent.start` opens them, a VF's health following a link of the
-"host" end to end, and what happens without the privilege to enter."""
+"host" end to end, what happens without the privilege to enter, and the check of the sysfs the agent reads."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from agent.cli import build_parser
 from agent.daemon import Agent, open_kernel_events
 from agent.host import Host, open_host
-from agent.host_netns import HOST_NETNS_FILE, NetnsError, in_netns, resolve_host_netns
+from agent.host_netns import HOST_NETNS_FILE, NetnsError, in_netns, resolve_host_netns, sysfs_netdevs_problem
 from agent.kube import KubeClient
 from agent.settings import Settings, SettingsError, load_settings
 from agent.testing.apiserver import TestApiServer
@@ -308,6 +308,68 @@ def test_a_vf_follows_its_pfs_link_in_the_host_namespace(namespaces: Namespaces,
                     await kube.close()
 
     in_the_pod(namespaces, scenario)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sysfs the agent reads
+
+
+def _fake_host(folder: Path, sysfs_devices: list[str], host_devices: list[str] | None) -> tuple[Path, Path]:
+    sysfs, host = folder / "sys", folder / "host"
+    (sysfs / "class/net").mkdir(parents=True)
+    for name in sysfs_devices:
+        (sysfs / "class/net" / name).mkdir()
+    if host_devices is not None:
+        (host / "proc/1/net").mkdir(parents=True)
+        rows = "".join(f"{name:>6}: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n" for name in host_devices)
+        (host / "proc/1/net/dev").write_text("Inter-|   Receive  |  Transmit\n face |bytes packets|bytes\n" + rows)
+    return sysfs, host
+
+
+def test_a_sysfs_showing_the_hosts_devices_passes(tmp_path: Path) -> None:
+    assert sysfs_netdevs_problem(*_fake_host(tmp_path, ["lo", "eth0", "enp4s0f0np0"],
+                                             ["lo", "eth0", "enp4s0f0np0"])) is None
+
+
+def test_a_sysfs_of_another_namespace_is_named(tmp_path: Path) -> None:
+    problem = sysfs_netdevs_problem(*_fake_host(tmp_path, ["lo", "eth0"], ["lo", "eth0", "enp4s0f0np0", "eno1"]))
+    assert problem is not None
+    assert problem.startswith(f"the sysfs at {tmp_path / 'sys'} does not show the host's network devices "
+                              "(missing the host's eno1, enp4s0f0np0)")
+    assert "mount the host's /sys there" in problem
+    extra = sysfs_netdevs_problem(*_fake_host(tmp_path / "b", ["lo", "eth0", "veth9"], ["lo", "eth0"]))
+    assert extra is not None and "showing veth9, which the host does not have" in extra
+
+
+def test_the_sysfs_check_says_nothing_without_the_hosts_list(tmp_path: Path) -> None:
+    assert sysfs_netdevs_problem(*_fake_host(tmp_path, ["lo"], None)) is None
+    sysfs, host = _fake_host(tmp_path / "b", [], ["lo"])
+    (host / "proc/1/net/dev").write_text("garbage\n\n\0\nno colon here\n")
+    assert sysfs_netdevs_problem(sysfs, host) is None
+    (sysfs / "class/net").rmdir()
+    (host / "proc/1/net/dev").write_text("h\nh\n lo: 0\n")
+    problem = sysfs_netdevs_problem(sysfs, host)
+    assert problem is not None and "class/net cannot be read" in problem
+
+
+async def test_the_agent_warns_at_start_when_its_sysfs_hides_the_hosts_devices(tmp_path: Path) -> None:
+    sysfs, host_root = _fake_host(tmp_path, ["lo", "eth0"], ["lo", "eth0", "enp4s0f0np0"])
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        settings = settings_for(tmp_path, server.write_kubeconfig(tmp_path / "kubeconfig"), "unused",
+                                simulate=None, sysfs_root=sysfs, dev_root=tmp_path / "dev", host_root=host_root,
+                                backends=("sriov-nic",))
+        kube = await KubeClient.connect(settings.kubeconfig)
+        agent = Agent(settings, Host(sysfs, tmp_path / "dev", host_root), kube)
+        try:
+            with capture_logs() as logs:
+                await agent.start()
+        finally:
+            await agent.stop()
+            await kube.close()
+    warnings = [log["event"] for log in logs if log["log_level"] == "warning"]
+    assert any(w.startswith(f"the sysfs at {sysfs} does not show the host's network devices (missing the host's "
+                            "enp4s0f0np0)") for w in warnings), warnings
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = EVENT_TIMEOUT) -> None:
