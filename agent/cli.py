@@ -22,7 +22,7 @@ Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
 _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
     "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid", "metrics_address",
-    "health_timeout", "no_execute", "reap_interval", "reap_grace",
+    "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
 )
 
 
@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "whose ResourceClaim is gone or no longer allocated here is unprepared")
     group.add_argument("--reap-grace", dest="reap_grace", type=float, metavar="SECONDS",
                        help="seconds a prepared claim must have been gone before it is unprepared (300)")
+    group.add_argument("--host-netns", dest="host_netns", metavar="auto|off|FILE",
+                       help="network namespace for link and uevent sockets: auto (the host's, entered from a pod "
+                            "of its own), off (the agent's), or a namespace file")
     run.set_defaults(handler=run_command, output=None)
 
     demo = commands.add_parser(

@@ -18,6 +18,7 @@ from pathlib import Path
 from agent.checkpoint import CheckpointError, read_boot_id
 from agent.driver import Driver, DriverSetup
 from agent.host import Host, NodeNameError, open_host, resolve_node_name
+from agent.host_netns import resolve_host_netns, sysfs_netdevs_problem
 from agent.instances import InstanceError, Instances
 from agent.inventory import BackendReport, stop_all, survey
 from agent.kube import KubeClient, KubeError
@@ -32,7 +33,7 @@ from agent.settings import Settings
 from agent.udev import UdevMonitor, open_udev_monitor
 from backends.simulation.profile import ProfileError
 
-__all__ = ["Agent", "run"]
+__all__ = ["Agent", "open_kernel_events", "run"]
 
 STOP_GRACE = 6.0
 """Seconds in-flight kubelet calls get to finish at shutdown; the whole stop stays within 10 s."""
@@ -69,12 +70,14 @@ class Agent:
         self.instances.register(self.settings.pod_uid)
         # Opened before the backends start, so no hot-plug between their discovery and their subscription is lost:
         # events queue in the netlink socket until read.
-        self._udev = open_udev_monitor(self.host)
-        if self._udev is not None:
-            self._udev.start()
-        self._links = open_link_monitor()
-        if self._links is not None:
-            self._links.start()
+        self._udev, self._links = open_kernel_events(self.settings, self.host)
+        for monitor in (self._udev, self._links):
+            if monitor is not None:
+                monitor.start()
+        if self.host.profile is None:
+            problem = sysfs_netdevs_problem(self.host.sysfs_root, self.host.host_root)
+            if problem is not None:
+                self._log.warning(problem)
         found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry,
                              links=self._links, state_root=self.settings.state_dir / "backends")
         self._plugins = found.started
@@ -122,6 +125,13 @@ class Agent:
         if self._metrics_server is not None:
             await self._metrics_server.stop()
         self.instances.close()
+
+
+def open_kernel_events(settings: Settings, host: Host) -> tuple[UdevMonitor | None, LinkMonitor | None]:
+    """The uevent and link monitors, opened in the host's network namespace wherever the agent runs (see
+    agent/host_netns.py), receiving already but not yet read; each None where it cannot be opened."""
+    netns = resolve_host_netns(settings.host_netns, host.host_root, simulated=host.profile is not None)
+    return open_udev_monitor(host, netns=netns), open_link_monitor(netns)
 
 
 def _proc(host: Host) -> Path:

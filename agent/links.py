@@ -2,9 +2,9 @@
 
 The kernel sends no uevent when a link goes down or up (carrier lost, interface set down): it says so only over
 rtnetlink (RTM_NEWLINK to the RTMGRP_LINK group). This monitor hands each such change to the backends that
-subscribed, by interface name; they read the state itself from sysfs. It sees the links of the network
-namespace the agent runs in: all of the host's under systemd or with `hostNetwork`, none of them in a pod with
-its own namespace (see docs/deploy.md).
+subscribed, by interface name; they read the state itself from sysfs. A socket sees the links of the network
+namespace it was created in: the agent opens it in the host's (agent/host_netns.py), so that a pod with a
+namespace of its own sees the host's links as the agent under systemd does (see docs/deploy.md).
 
 The messages are parsed here rather than through a netlink library: three fixed kernel structures
 (nlmsghdr, ifinfomsg, rtattr) of a stable ABI, read for two fields.
@@ -19,7 +19,9 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from agent.host_netns import NetnsError, in_netns
 from agent.logs import get_logger
 
 __all__ = ["LinkChange", "LinkMonitor", "link_changes", "open_link_monitor"]
@@ -164,21 +166,36 @@ class LinkMonitor:
                                 exc_info=True)
 
 
-def open_link_monitor() -> LinkMonitor | None:
-    """A monitor of this network namespace's links, receiving already; None, after a warning, where rtnetlink
-    cannot be opened (then link changes are seen at the next uevent or rediscovery)."""
+def open_link_monitor(netns: Path | None = None) -> LinkMonitor | None:
+    """A monitor of the links of the network namespace whose file is `netns` (this process's when None),
+    receiving already; None, after a warning, where rtnetlink cannot be opened (then link changes are seen at the
+    next uevent or rediscovery).
+
+    Where `netns` cannot be entered, a warning says so and the monitor watches this process's namespace instead.
+    """
+    log = get_logger("links")
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
-                             socket.NETLINK_ROUTE)
-    except (AttributeError, OSError) as e:
-        get_logger("links").warning("no link events: cannot open rtnetlink", error=f"{type(e).__name__}: {e}")
-        return None
-    try:
-        sock.bind((0, RTMGRP_LINK))
-    except OSError as e:
-        sock.close()
-        get_logger("links").warning("no link events: cannot open rtnetlink", error=f"{type(e).__name__}: {e}")
+        try:
+            sock = in_netns(netns, _open_socket)
+        except NetnsError as e:
+            log.warning("the host's links going down or up will not be seen (an SR-IOV PF's link is read at start "
+                        "and at each rediscovery only): cannot enter the host's network namespace", error=str(e))
+            sock = _open_socket()
+    except (AttributeError, OSError) as e:  # AttributeError: no AF_NETLINK on this platform
+        log.warning("no link events: cannot open rtnetlink", error=f"{type(e).__name__}: {e}")
         return None
     with contextlib.suppress(OSError):  # the default buffer still works for ordinary rates
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
     return LinkMonitor(sock)
+
+
+def _open_socket() -> socket.socket:
+    """An rtnetlink socket of the calling thread's network namespace, bound to link changes."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
+                         socket.NETLINK_ROUTE)
+    try:
+        sock.bind((0, RTMGRP_LINK))
+    except OSError:
+        sock.close()
+        raise
+    return sock

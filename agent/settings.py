@@ -47,6 +47,9 @@ class Settings(BaseModel):
     dev_root: Path = Path("/dev")
     host_root: Path = Path("/")
     """Where the host's file system is seen (e.g. /host in a container): driver libraries are found there."""
+    host_netns: str = "auto"
+    """The network namespace to open the link and uevent sockets in: "auto" (the host's, `<host_root>/proc/1/ns/net`,
+    entered when the agent runs in another), "off" (the agent's own), or the path of a namespace file."""
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     """Where the kubelet looks for plugin registration sockets."""
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
@@ -90,6 +93,14 @@ class Settings(BaseModel):
     def _pod_uid(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", v):
             raise ValueError("must be a pod UID such as 3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b")
+        return v
+
+    @field_validator("host_netns")
+    @classmethod
+    def _host_netns(cls, v: str) -> str:
+        if v not in ("auto", "off") and not v.startswith("/"):
+            raise ValueError('must be "auto", "off" or the absolute path of a network namespace file, '
+                             "e.g. /proc/1/ns/net or /run/netns/NAME")
         return v
 
     @field_validator("metrics_address")

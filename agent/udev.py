@@ -6,11 +6,14 @@
         ...                                 # BackendContext(..., udev=udev); backends call udev.subscribe()
         udev.close()
 
-Source "kernel" (the default) receives the kernel's own uevents. They reach every network namespace of the
-host's user namespace, so a pod without the host's network sees them; they arrive before udevd has run its
-rules, which the backends do not need (they read sysfs). Source "udev" receives the events udevd re-sends
-after its rules: only in the host's network namespace, and only where udevd runs. Either way, a network
-device's uevents go only to the namespace the device is in. See docs/deploy.md.
+Source "kernel" (the default) receives the kernel's own uevents; they arrive before udevd has run its rules,
+which the backends do not need (they read sysfs). Source "udev" receives the events udevd re-sends after its
+rules, only where udevd runs. Which events a netlink socket hears depends on the network namespace it was
+created in: the kernel sends most uevents (PCI functions, accel and vfio devices) to every namespace of the
+host's user namespace, but a network device's only to the namespace the device is in, and udevd's only to its
+own, the host's. So the monitor is opened in the host's network namespace (agent/host_netns.py): a pod with a
+namespace of its own then hears the host's interfaces come and go, as the agent under systemd does. See
+docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from agent.host import Host
+from agent.host_netns import NetnsError, in_netns
 from agent.logs import get_logger
 
 if TYPE_CHECKING:
@@ -106,12 +111,14 @@ class UdevMonitor:
                                 device=device.sys_name, error=f"{type(e).__name__}: {e}", exc_info=True)
 
 
-def open_udev_monitor(host: Host, source: Source = DEFAULT_SOURCE) -> UdevMonitor | None:
-    """The node's udev monitor, receiving already (not yet read: call `start()` on the loop).
+def open_udev_monitor(host: Host, source: Source = DEFAULT_SOURCE, netns: Path | None = None) -> UdevMonitor | None:
+    """The node's udev monitor, opened in the network namespace whose file is `netns` (this process's when
+    None), receiving already (not yet read: call `start()` on the loop).
 
     None, after a warning, where udev cannot be watched: no libudev, no netlink socket (sandboxes, user
     namespaces), or a simulated node this process does not see through umockdev; the agent then runs without
-    hot-plug: devices that appear or disappear are noticed at the next start.
+    hot-plug: devices that appear or disappear are noticed at the next start. Where `netns` cannot be entered, a
+    warning says so and the monitor is opened in this process's namespace instead.
     """
     log = get_logger("udev")
     if host.profile is not None:
@@ -125,8 +132,17 @@ def open_udev_monitor(host: Host, source: Source = DEFAULT_SOURCE) -> UdevMonito
     try:
         import pyudev
 
-        monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
-        monitor.start()
+        def open_monitor() -> pyudev.Monitor:
+            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
+            monitor.start()  # binds the socket: from here on, events queue in it
+            return monitor
+
+        try:
+            monitor = in_netns(netns, open_monitor)
+        except NetnsError as e:
+            log.warning("the host's network devices coming, going or being renamed will not be seen (PCI and other "
+                        "devices' events still arrive): cannot enter the host's network namespace", error=str(e))
+            monitor = open_monitor()
     except (ImportError, OSError) as e:
         log.warning("no udev events: cannot watch udev; devices that appear or disappear are noticed at the "
                     "next start", source=source, error=f"{type(e).__name__}: {e}")

@@ -357,11 +357,14 @@ def test_pod_settings() -> None:
 
 
 def test_pod_keeps_its_network_namespace_and_watches_kernel_uevents() -> None:
-    """docs/deploy.md, "Hot-plug events": kernel uevents of PCI, accel and vfio devices reach the pod's own network
-    namespace; hostNetwork would turn the metrics port into a host port and block the surge pod of an update."""
+    """docs/deploy.md, "Hot-plug events": hostNetwork would turn the metrics port into a host port and block the
+    surge pod of an update; the agent opens its link and uevent sockets in the host's namespace instead, found
+    through the host root (`<host_root>/proc/1/ns/net`) and entered with the privileged pod's CAP_SYS_ADMIN."""
     assert not _pod_spec().get("hostNetwork", False)
     assert DEFAULT_SOURCE == "kernel", "udevd's events reach only the host's network namespace"
     assert all("hostPort" not in p for p in _container().get("ports", []))
+    settings = _agent_settings(_container())
+    assert settings.host_netns == "auto" and str(settings.host_root) != "/"
 
 
 def test_security_context() -> None:
