@@ -13,12 +13,14 @@ import asyncio
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from agent.checkpoint import Checkpoint
 from agent.claim_cdi import CLASS, vendor
 from agent.device_health import HealthBoard
+from agent.events import EventRecorder
 from agent.health import HealthStream
 from agent.inventory import BackendReport, Pool, discover_all, merge_pools
 from agent.kube import KubeClient
@@ -52,6 +54,7 @@ class DriverSetup:
     publisher: Publisher
     metrics: Metrics
     boot_id: str
+    events: EventRecorder | None = None
 
 
 class Driver:
@@ -197,9 +200,12 @@ class Driver:
             self._log.debug("health event for a device the backend does not own", backend=backend,
                             device=event.device)
             return
+        before = self.board.state(event.device)
         state = self.board.apply(event)
         if state is None:
             return
+        if self._setup.events is not None:
+            self._setup.events.health_changed(self.name, event.device, before, state, self._policy)
         log = self._log.info if state.health is Health.HEALTHY else self._log.warning
         log("device health changed", device=event.device, health=state.health.value, reason=state.reason,
             cause=state.cause or None, value=state.value or None)
@@ -254,6 +260,11 @@ class Driver:
     def _state_dir(self) -> Path:
         return self._setup.settings.state_dir / self.name
 
+    @property
+    def checkpoint_path(self) -> Path:
+        """The driver's checkpoint journal."""
+        return self._state_dir / "checkpoint.journal"
+
     def _index_owners(self) -> None:
         """Device → owning backend, kept in one dict the preparer reads (hot-plug updates it in place)."""
         owners: dict[str, Owner] = {}
@@ -272,7 +283,7 @@ class Driver:
         return Preparer(
             driver=self.name,
             pool=self._setup.node,
-            checkpoint=Checkpoint(self._state_dir / "checkpoint.journal", self._setup.boot_id),
+            checkpoint=Checkpoint(self.checkpoint_path, self._setup.boot_id),
             store=SpecStore(settings.cdi_dir, vendor(self.name), CLASS),
             claims=self._setup.kube,
             owner_of=self._owners.get,
@@ -281,6 +292,7 @@ class Driver:
             serialize=FileLock(plugin_dir / "serialize.lock") if settings.pod_uid else None,
             metrics=self._setup.metrics,
             unusable=self._unusable,
+            on_failure=None if self._setup.events is None else partial(self._setup.events.prepare_failed, self.name),
         )
 
     def _unusable(self, device: str) -> str | None:

@@ -79,6 +79,7 @@ class Preparer:
         serialize: FileLock | None = None,
         metrics: Metrics | None = None,
         unusable: Callable[[str], str | None] = lambda device: None,
+        on_failure: Callable[[ClaimRef, str], None] | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -92,6 +93,7 @@ class Preparer:
         self._serialize = serialize
         self._metrics = metrics
         self._unusable = unusable  # device → why it must not be newly prepared (unhealthy), else None
+        self._on_failure = on_failure  # told of every claim not prepared, with the error (never blocks)
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
@@ -147,8 +149,12 @@ class Preparer:
         return _Plan(allocation, per_backend, requests)
 
     async def _prepare_planned(self, ref: ClaimRef, plan: _Plan | str) -> ClaimResult:
-        if isinstance(plan, str):
-            return ClaimResult(error=plan)
+        result = ClaimResult(error=plan) if isinstance(plan, str) else await self._prepare_checked(ref, plan)
+        if result.error and self._on_failure is not None:
+            self._on_failure(ref, result.error)
+        return result
+
+    async def _prepare_checked(self, ref: ClaimRef, plan: _Plan) -> ClaimResult:
         started = time.perf_counter()
         devices = sorted(plan.requests)
         try:
