@@ -3,8 +3,9 @@
 Start: open the host (or the simulated node), connect to the API server, load and start the backends,
 discover, and start each driver (agent/driver.py: checkpoint, slices, sockets, health); tell systemd READY=1
 once every serving driver's slices are published.
-Stop (SIGTERM or SIGINT): deregister, let in-flight calls finish, stop the backends, all within 10 s;
-a second signal exits at once.
+Stop (SIGTERM or SIGINT): deregister, let in-flight calls finish, stop the backends, write the Events still
+queued, all within 10 s; a second signal exits at once. A checkpoint the agent refuses stops the start with an
+Event on the Node, written before the process exits.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from agent.checkpoint import CheckpointError, read_boot_id
 from agent.driver import Driver, DriverSetup
+from agent.events import EventRecorder
 from agent.host import Host, NodeNameError, open_host, resolve_node_name
 from agent.host_netns import resolve_host_netns, sysfs_netdevs_problem
 from agent.instances import InstanceError, Instances
@@ -51,6 +53,7 @@ class Agent:
         self.node = resolve_node_name(settings, host)
         self.drivers: dict[str, Driver] = {}
         self.publisher = Publisher(kube, self.node, get_logger("publisher"), self.metrics)
+        self.events = EventRecorder(kube, self.node, pod_uid=settings.pod_uid, metrics=self.metrics)
         self._plugins: list[LoadedPlugin] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: MetricsServer | None = None
@@ -68,6 +71,7 @@ class Agent:
 
     async def start(self) -> None:
         self.instances.register(self.settings.pod_uid)
+        self.events.start()
         # Opened before the backends start, so no hot-plug between their discovery and their subscription is lost:
         # events queue in the netlink socket until read.
         self._udev, self._links = open_kernel_events(self.settings, self.host)
@@ -82,13 +86,17 @@ class Agent:
                              links=self._links, state_root=self.settings.state_dir / "backends")
         self._plugins = found.started
         setup = DriverSetup(self.settings, self.node, self.kube, self.publisher, self.metrics,
-                            read_boot_id(_proc(self.host)), self.instances)
+                            read_boot_id(_proc(self.host)), self.instances, self.events)
         by_driver: dict[str, list[BackendReport]] = {}
         for report in found.reports:
             by_driver.setdefault(report.driver, []).append(report)
         for name in sorted(by_driver):
             driver = self.drivers[name] = Driver(setup, name, by_driver[name])
-            await driver.start()
+            try:
+                await driver.start()
+            except CheckpointError as e:  # the start fails; `stop` writes the Event before the process exits
+                self.events.checkpoint_refused(driver.checkpoint_path, str(e))
+                raise
             self._tasks.append(asyncio.create_task(self._announce_when_published(driver), name=f"announce {name}"))
         if self.settings.metrics_address:
             self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, lambda: self.ready)
@@ -125,6 +133,7 @@ class Agent:
         if self._metrics_server is not None:
             await self._metrics_server.stop()
         self.instances.close()
+        await self.events.stop()  # last: the drivers' final Events are queued by now
 
 
 def open_kernel_events(settings: Settings, host: Host) -> tuple[UdevMonitor | None, LinkMonitor | None]:

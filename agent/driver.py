@@ -13,12 +13,14 @@ import asyncio
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint import Checkpoint, CheckpointError
+from agent.checkpoint import Checkpoint, CheckpointError, ClaimRecord
 from agent.claim_cdi import CLASS, vendor
 from agent.device_health import HealthBoard
+from agent.events import EventRecorder
 from agent.health import HealthStream
 from agent.instances import Instances
 from agent.inventory import BackendReport, Pool, discover_all, merge_pools
@@ -56,6 +58,7 @@ class DriverSetup:
     metrics: Metrics
     boot_id: str
     instances: Instances
+    events: EventRecorder | None = None
 
 
 class Driver:
@@ -108,7 +111,7 @@ class Driver:
         await recover(preparer)
         settings = self._setup.settings
         reaper = Reaper(preparer, self._setup.kube, self._setup.metrics, interval=settings.reap_interval,
-                        grace=settings.reap_grace)
+                        grace=settings.reap_grace, on_reaped=self._reaped)
         self._tasks.append(asyncio.create_task(reaper.run(), name=f"reaper {self.name}"))
         self.board.in_use = lambda: {d.device for c in preparer.checkpoint.claims.values() for d in c.devices}
         for device in self.pool.devices:
@@ -188,9 +191,12 @@ class Driver:
             self._log.debug("health event for a device the backend does not own", backend=backend,
                             device=event.device)
             return
+        before = self.board.state(event.device)
         state = self.board.apply(event)
         if state is None:
             return
+        if self._setup.events is not None:
+            self._setup.events.health_changed(self.name, event.device, before, state, self._policy)
         log = self._log.info if state.health is Health.HEALTHY else self._log.warning
         log("device health changed", device=event.device, health=state.health.value, reason=state.reason,
             cause=state.cause or None, value=state.value or None)
@@ -240,6 +246,8 @@ class Driver:
                 except CheckpointError as e:  # the agent goes on serving its other drivers
                     self.preparer = None
                     self._log.error("driver not started: its checkpoint cannot be used", error=str(e))
+                    if self._setup.events is not None:
+                        self._setup.events.checkpoint_refused(self.checkpoint_path, str(e))
         else:
             self._publish()
 
@@ -248,6 +256,11 @@ class Driver:
     @property
     def _state_dir(self) -> Path:
         return self._setup.settings.state_dir / self.name
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The driver's checkpoint journal."""
+        return self._state_dir / "checkpoint.journal"
 
     def _index_owners(self) -> None:
         """Device → owning backend, kept in one dict the preparer reads (hot-plug updates it in place)."""
@@ -267,7 +280,7 @@ class Driver:
         return Preparer(
             driver=self.name,
             pool=self._setup.node,
-            checkpoint=Checkpoint(self._state_dir / "checkpoint.journal", self._setup.boot_id, driver=self.name,
+            checkpoint=Checkpoint(self.checkpoint_path, self._setup.boot_id, driver=self.name,
                                   owner=self._setup.instances.id),
             store=SpecStore(settings.cdi_dir, vendor(self.name), CLASS),
             claims=self._setup.kube,
@@ -279,7 +292,13 @@ class Driver:
             owner_alive=self._setup.instances.alive,
             metrics=self._setup.metrics,
             unusable=self._unusable,
+            on_failure=None if self._setup.events is None else partial(self._setup.events.prepare_failed, self.name),
         )
+
+    def _reaped(self, record: ClaimRecord, why: str) -> None:
+        if self._setup.events is not None:
+            self._setup.events.claim_reaped(self.name, f"{record.namespace}/{record.name} ({record.uid})",
+                                            [d.device for d in record.devices], why)
 
     def _unusable(self, device: str) -> str | None:
         state = self.board.state(device)

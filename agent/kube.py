@@ -26,6 +26,7 @@ __all__ = ["KubeClient", "KubeError"]
 _IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _JSON = "application/json"
+_MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubeError(Exception):
@@ -75,19 +76,22 @@ class KubeClient:
         body: Mapping[str, Any] | None = None,
         query: Sequence[tuple[str, str]] = (),
         what: str = "",
+        content_type: str = _JSON,
+        timeout: float | None = None,
     ) -> Any:
-        """One API request; the decoded JSON response, or KubeError with the server's message."""
+        """One API request; the decoded JSON response, or KubeError with the server's message. `timeout` bounds
+        the whole request in seconds (the client's default: 5 minutes)."""
         what = what or f"{method} {path}"
         headers = {"Accept": _JSON}
         if body is not None:
-            headers["Content-Type"] = _JSON
+            headers["Content-Type"] = content_type
         try:
             method, url, headers, data, _ = await self.api.param_serialize(
                 method=method, resource_path=path, query_params=list(query), header_params=headers,
                 body=None if body is None else dict(body), auth_settings=["BearerToken"],
             )
             response = await self.api.call_api(method, url, header_params=headers, body=data,
-                                               _preload_content=False)
+                                               _request_timeout=timeout, _preload_content=False)
             raw = await response.read()
         except Exception as e:  # connection refused, timeouts, TLS: the server was not reached
             raise KubeError(f"{what}: {type(e).__name__}: {e}") from None
@@ -171,6 +175,26 @@ class KubeClient:
         except KubeError as e:
             if e.status != 404:
                 raise
+
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+        """Create an events.k8s.io/v1 Event."""
+        created: dict[str, Any] = await self.request(
+            "POST", _events(namespace), body=body, timeout=timeout,
+            what=f"create event {namespace}/{body.get('metadata', {}).get('name', '')}")
+        return created
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any],
+                          timeout: float) -> dict[str, Any]:
+        """Merge-patch an events.k8s.io/v1 Event (a series' count and last observation)."""
+        patched: dict[str, Any] = await self.request(
+            "PATCH", f"{_events(namespace)}/{quote(name)}", body=patch, content_type=_MERGE_PATCH,
+            timeout=timeout, what=f"patch event {namespace}/{name}")
+        return patched
+
+
+def _events(namespace: str) -> str:
+    return f"/apis/events.k8s.io/v1/namespaces/{quote(namespace)}/events"
 
 
 def _slice_selector(node: str, driver: str) -> str:

@@ -44,6 +44,13 @@ class Metrics:
         self.reaped_claims = Counter("dra_agent_reaped_claims", "Prepared claims unprepared because their "
                                      "ResourceClaim was gone, replaced or no longer allocated to this node",
                                      ["driver", "reason"], registry=self.registry)
+        self.events = Counter("dra_agent_events", "Events the agent reported (each occurrence, repeats of a series "
+                              "included), by type and reason", ["type", "reason"], registry=self.registry)
+        self.events_dropped = Counter("dra_agent_events_dropped", "Events never written to the API server, by cause: "
+                                      "queue-full, refused, gave-up (retries exhausted), stopped, error", ["cause"],
+                                      registry=self.registry)
+        self.events_pending = Gauge("dra_agent_events_pending", "Events waiting to be written to the API server",
+                                    registry=self.registry)
         self.stream_clients = Gauge("dra_agent_health_stream_clients", "Open kubelet health streams", ["driver"],
                                     registry=self.registry)
 

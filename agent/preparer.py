@@ -90,6 +90,7 @@ class Preparer:
         metrics: Metrics | None = None,
         unusable: Callable[[str], str | None] = lambda device: None,
         claim_read_seconds: float = CLAIM_READ_SECONDS,
+        on_failure: Callable[[ClaimRef, str], None] | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -106,6 +107,7 @@ class Preparer:
         self._metrics = metrics
         self._unusable = unusable  # device → why it must not be newly prepared (unhealthy), else None
         self.claim_read_seconds = claim_read_seconds
+        self._on_failure = on_failure  # told of every claim not prepared, with the error (never blocks)
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
@@ -171,8 +173,12 @@ class Preparer:
         return _Plan(allocation, per_backend, requests, frozenset(admin))
 
     async def _prepare_planned(self, ref: ClaimRef, plan: _Plan | str) -> ClaimResult:
-        if isinstance(plan, str):
-            return ClaimResult(error=plan)
+        result = ClaimResult(error=plan) if isinstance(plan, str) else await self._prepare_checked(ref, plan)
+        if result.error and self._on_failure is not None:
+            self._on_failure(ref, result.error)
+        return result
+
+    async def _prepare_checked(self, ref: ClaimRef, plan: _Plan) -> ClaimResult:
         started = time.perf_counter()
         devices = sorted(plan.requests)
         try:

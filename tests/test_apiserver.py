@@ -454,13 +454,51 @@ async def test_events_are_recorded(server: TestApiServer, api: client.ApiClient)
     core_event = {"metadata": {"generateName": "node-a."}, "involvedObject": {"kind": "Node", "name": "node-a"},
                   "reason": "DevicesPublished", "message": "8 GPUs", "type": "Normal"}  # fmt: skip
     await client.CoreV1Api(api).create_namespaced_event("default", core_event)
-    new_event = {"metadata": {"name": "slice-sync"}, "eventTime": "2026-01-01T00:00:00.000000Z",
+    # Not a whole second: the client writes a datetime with no microseconds without the fraction, which the
+    # server's MicroTime decoder refuses.
+    new_event = {"metadata": {"name": "slice-sync"}, "eventTime": "2026-01-01T00:00:00.250000Z",
                  "regarding": {"kind": "Node", "name": "node-a"}, "reason": "SyncFailed", "action": "Publish",
                  "reportingController": "dra-agent", "reportingInstance": "node-a", "type": "Warning"}  # fmt: skip
     await client.EventsV1Api(api).create_namespaced_event("default", new_event)
     assert [e.get("reason") for e in server.events()] == ["DevicesPublished", "SyncFailed"]
     listed = await client.CoreV1Api(api).list_namespaced_event("default", field_selector="reason=DevicesPublished")
     assert [e.message for e in listed.items] == ["8 GPUs"]
+
+
+async def test_events_v1_are_validated_as_the_real_server_does(http: aiohttp.ClientSession) -> None:
+    events = "/apis/events.k8s.io/v1/namespaces/default/events"
+    good = {"metadata": {"name": "node-a.17f3"}, "eventTime": "2026-05-01T12:00:00.123456Z", "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"},
+            "reason": "DeviceUnhealthy", "action": "Taint", "note": "gpu-0 fell off the bus",
+            "reportingController": "dra-agent.io/agent", "reportingInstance": "node-a"}  # fmt: skip
+
+    async def create(**changes: Any) -> tuple[int, dict[str, Any]]:
+        async with http.post(events, json={**good, **changes}) as response:
+            return response.status, await response.json()
+
+    status, body = await create(note="n" * 1025, metadata={"name": "too-long"})
+    assert status == 422 and body["reason"] == "Invalid"
+    assert body["details"]["causes"] == [{"reason": "FieldValueInvalid", "field": "message",
+                                          "message": 'Invalid value: "": can have at most 1024 characters'}]
+    status, body = await create(eventTime="2026-05-01T12:00:00Z", metadata={"name": "whole-seconds"})
+    assert status == 400 and "eventTime" in body["message"]
+    status, body = await create(metadata={"name": "elsewhere", "namespace": "team-a"})
+    assert status == 400, "the namespace of the body must be the one of the path"
+    async with http.post("/apis/events.k8s.io/v1/namespaces/team-a/events", json=good) as response:
+        assert response.status == 422, "an Event about a Node lives in default"
+        assert "involvedObject.namespace" in (await response.json())["message"]
+    assert (await create())[0] == 201
+
+    async def patch(change: dict[str, Any]) -> int:
+        async with http.patch(f"{events}/node-a.17f3", json=change,
+                              headers={"Content-Type": "application/merge-patch+json"}) as response:
+            return response.status
+
+    assert await patch({"series": {"count": 1, "lastObservedTime": "2026-05-01T12:01:00.000000Z"}}) == 422
+    assert await patch({"series": {"count": 3}}) == 422, "lastObservedTime is required"
+    assert await patch({"note": "another note"}) == 422, "immutable"
+    assert await patch({"series": {"count": 3, "lastObservedTime": "2026-05-01T12:01:00"}}) == 400
+    assert await patch({"series": {"count": 3, "lastObservedTime": "2026-05-01T12:01:00.000000Z"}}) == 200
 
 
 # --- faults and the request log ------------------------------------------------------------------

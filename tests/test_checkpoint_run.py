@@ -130,6 +130,8 @@ async def test_a_damaged_checkpoint_stops_the_agent_and_touches_nothing(server: 
             assert journal.read_bytes() == damaged, "the journal is left for the operator"
             assert sorted(p.name for p in settings.cdi_dir.iterdir()) == specs, "no spec deleted"
             assert driver_of(sim, "0000:19:00.1") == "vfio-pci", "no binding undone on a guess"
+            (event,) = [e for e in server.events() if e.get("reason") == "CheckpointRefused"]
+            assert event["regarding"]["kind"] == "Node" and str(journal) in event["note"]
 
             # What the message says to do: move it aside. The claim stays prepared, from its CDI spec.
             journal.rename(journal.with_name("checkpoint.journal.damaged"))

@@ -26,12 +26,17 @@ import pytest
 import yaml
 
 from agent.cli import build_parser, main
+from agent.events import EventRecorder, Pacing
+from agent.kube import KubeClient
 from agent.metrics import Metrics, MetricsServer
 from agent.plugins import find_plugins, load_plugins
 from agent.quantity import parse_quantity
 from agent.settings import Settings, load_settings
+from agent.testing.apiserver import TestApiServer
 from agent.udev import DEFAULT_SOURCE
+from backends.contract import ClaimRef
 from backends.simulation.profile import builtin_profiles
+from tests.agent_env import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -129,23 +134,67 @@ EXPECTED_GRANTS = {
                                             "deletecollection"},
     ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
     ("", "nodes"): {"get"},
-    ("", "events"): {"create"},
-    ("events.k8s.io", "events"): {"create"},
+    ("events.k8s.io", "events"): {"create", "patch"},
 }
+
+
+def _grants() -> dict[tuple[str, str], set[str]]:
+    grants: dict[tuple[str, str], set[str]] = {}
+    for rule in _one("ClusterRole")["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault((group, resource), set()).update(rule["verbs"])
+    return grants
+
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _verb(method: str, path: str) -> tuple[str, str, str]:
+    """(API group, resource, RBAC verb) of a request the test API server logged."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    verb = _VERBS.get(method) or ("get" if len(rest) > 1 else "list")
+    return group, rest[0], verb
+
+
+async def test_the_role_allows_every_request_of_the_event_recorder(scratch: Path) -> None:
+    """The recorder's whole repertoire against the test API server (create, the series' patch, a create again
+    when its Event is gone): every request it makes is one the ClusterRole grants."""
+    async with TestApiServer() as server:
+        kube = await KubeClient.connect(server.write_kubeconfig(scratch / "kubeconfig"))
+        recorder = EventRecorder(kube, "node-a", pacing=Pacing(heartbeat=0.0))
+        recorder.start()
+        claim = ClaimRef("0b6f0c52-9d6f-4d4e-9c1e-2a1f0d1f7e11", "team-a", "my-claim")
+        try:
+            recorder.prepare_failed("gpu.nvidia.com", claim, "no such device")
+            recorder.node_event("Warning", "CheckpointRefused", "ReadCheckpoint", "bad file")
+            await wait_until(lambda: len(server.events()) == 2)
+            recorder.prepare_failed("gpu.nvidia.com", claim, "no such device")
+            await wait_until(lambda: server.count_requests("PATCH") == 1)
+            for event in server.events():
+                server.delete_object("events.events.k8s.io", event["metadata"]["name"],
+                                     event["metadata"]["namespace"])
+            recorder.prepare_failed("gpu.nvidia.com", claim, "no such device")
+        finally:
+            await recorder.stop()
+            await kube.close()
+        made = {_verb(r.method, r.path) for r in server.find_requests()}
+    assert made == {("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch")}
+    grants = _grants()
+    assert all(verb in grants.get((group, resource), set()) for group, resource, verb in made), made
 
 
 def test_cluster_role_grants_exactly_what_the_agent_needs() -> None:
     role = _one("ClusterRole")
     assert not role.get("aggregationRule"), "an aggregated role gets its rules from elsewhere"
-    grants: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected fields (resourceNames, URLs): {rule}"
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {field}: {rule}"
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                grants.setdefault((group, resource), set()).update(rule["verbs"])
-    assert grants == EXPECTED_GRANTS
+    assert _grants() == EXPECTED_GRANTS
     assert not _of_kind("Role") and not _of_kind("RoleBinding"), "the agent needs no namespaced role"
 
 

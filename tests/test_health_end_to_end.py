@@ -60,6 +60,10 @@ class Node:
     def udev(self) -> UdevInjector:
         return UdevInjector(self.root)
 
+    def node_events(self, reason: str) -> list[dict[str, Any]]:
+        """The Events on the Node with this reason."""
+        return [e for e in self.server.events() if e["regarding"].get("kind") == "Node" and e["reason"] == reason]
+
     def metrics(self) -> dict[str, float]:
         """The agent's /metrics samples, by their text form (`name{labels}`)."""
         with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as response:
@@ -144,10 +148,25 @@ async def test_xid_79_taints_the_gpu_refuses_prepares_until_it_is_reset(node: No
     assert metrics[f'dra_agent_health_stream_clients{{driver="{GPU}"}}'] == 1
     assert metrics[f'dra_agent_node_requests_total{{driver="{GPU}",operation="prepare",outcome="error"}}'] == 1
 
+    await wait_until(lambda: node.node_events("DeviceUnhealthy"), timeout=5)
+    (tainted,) = node.node_events("DeviceUnhealthy")
+    assert tainted["type"] == "Warning"
+    assert tainted["note"] == (f"Device {WHOLE_GPU} of driver {GPU} is unhealthy: Xid 79: GPU has fallen off the "
+                               f"bus; tainted {GPU}/xid=79:NoSchedule")
+    await wait_until(lambda: [e for e in node.server.events() if e["reason"] == "PrepareFailed"], timeout=5)
+    (refused,) = [e for e in node.server.events() if e["reason"] == "PrepareFailed"]
+    assert refused["regarding"]["name"] == "after-xid" and error in refused["note"]
+
     node.nvml("reset", "0")
     await node.kubelet.wait_for_health(GPU, health_is(everything, HealthStatus.HEALTHY), timeout=10)
     await wait_until(lambda: node.taints(GPU) == {}, timeout=5)
     assert await prepare_error(node, plugin, "after-reset", GPU, WHOLE_GPU) == ""
+    await wait_until(lambda: node.node_events("DeviceRecovered"), timeout=5)
+    (recovered,) = node.node_events("DeviceRecovered")
+    assert recovered["type"] == "Normal"
+    assert recovered["note"] == f"Device {WHOLE_GPU} of driver {GPU} is healthy again; taint {GPU}/xid=79:NoSchedule " \
+                                "removed"
+    assert len(node.node_events("DeviceUnhealthy")) == 1, "the other GPUs stayed healthy"
 
 
 async def test_xid_79_on_a_mig_gpu_makes_its_mig_devices_unhealthy(node: Node) -> None:

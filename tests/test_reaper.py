@@ -117,6 +117,10 @@ async def test_a_claim_that_comes_back_within_the_grace_period_is_kept(env: Prep
     assert await reaper.sweep() == [ref.uid]
 
 
+def reaped_events(server: TestApiServer) -> list[dict[str, Any]]:
+    return [e for e in server.events() if e.get("reason") == "ClaimReaped"]
+
+
 def driver_of(sim_root: Path, bus_id: str) -> str | None:
     link = sim_root / "sys/bus/pci/devices" / bus_id / "driver"
     return os.path.basename(os.readlink(link)) if link.is_symlink() else None
@@ -190,6 +194,10 @@ async def test_claims_deleted_while_the_agent_was_down_are_reaped_with_every_cha
                 assert samples[f'dra_agent_reaped_claims_total{{driver="{GPU}",reason="not-allocated"}}'] == 1
                 assert samples[f'dra_agent_reaped_claims_total{{driver="{NIC}",reason="not-found"}}'] == 1
                 assert second.output().count("unprepared a claim the API server no longer has for this node") == 3
+                await wait_until(lambda: len(reaped_events(server)) == 3, timeout=scaled(10))
+                notes = sorted(e["note"] for e in reaped_events(server))
+                assert f"Claim default/deleted ({deleted.uid}) of driver {NIC}" in notes[0]
+                assert all(e["regarding"]["kind"] == "Node" and e["type"] == "Normal" for e in reaped_events(server))
         finally:
             await first.stop()
             await second.stop()

@@ -1,8 +1,9 @@
 """The test API server's storage: objects, the global resourceVersion, the change history and open watches.
 
 Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
-and taint ``timeAdded``, ResourceClaim status only through ``/status``), validation (422), optimistic
-concurrency (409), and no-op updates that neither bump the resourceVersion nor notify watchers. Stored objects
+and taint ``timeAdded``, ResourceClaim status only through ``/status``), validation (422: ResourceSlices and
+events.k8s.io/v1 Events in full, other kinds their names), optimistic concurrency (409), and no-op updates that
+neither bump the resourceVersion nor notify watchers. Stored objects
 are never mutated once committed, so they can be shared with watchers and serialised without copying.
 """
 
@@ -21,8 +22,10 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from agent.api_names import SUBDOMAIN_MSG, is_dns_subdomain
+from agent.event_rules import is_micro_time, validate_event, validate_event_update
 from agent.slice_rules import validate_resource_slice, validate_resource_slice_update
 from agent.testing.apiserver_resources import (
+    EVENTS_V1,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
     RESOURCES,
@@ -267,6 +270,9 @@ class Store:
             drop_disabled_fields(obj, None, self.disabled_gates)
             _default_taint_times(obj)
             errors = validate_resource_slice(obj)
+        elif rt is EVENTS_V1:
+            _decode_micro_times(obj)
+            errors = validate_event(obj)
         else:
             errors = _name_errors(meta)
         if errors:
@@ -321,6 +327,9 @@ class Store:
             errors = validate_resource_slice_update(old, obj)
         elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
             errors = ["spec: field is immutable"]
+        elif rt is EVENTS_V1:
+            _decode_micro_times(obj)
+            errors = validate_event_update(old, obj)
         if errors:
             raise invalid(rt, name, errors)
         meta["resourceVersion"] = old_meta["resourceVersion"]
@@ -457,6 +466,18 @@ class Store:
         """Forget the change history, as etcd compaction does: older resourceVersions now give 410."""
         self._compacted = self._rv
         self._history.clear()
+
+
+def _decode_micro_times(event: Mapping[str, Any]) -> None:
+    """The real server decodes an Event's MicroTimes before validating it: a malformed one is a 400."""
+    series = event.get("series")
+    times = {"eventTime": event.get("eventTime")}
+    if isinstance(series, Mapping):
+        times["series.lastObservedTime"] = series.get("lastObservedTime")
+    for field, value in times.items():
+        if value is not None and not is_micro_time(value):
+            raise ApiError(400, f'Event in version "v1" cannot be handled as a Event: {field}: parsing time '
+                           f'{json.dumps(value)} as "2006-01-02T15:04:05.000000Z07:00": cannot parse')
 
 
 def _name_errors(meta: Mapping[str, Any]) -> list[str]:
