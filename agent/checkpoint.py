@@ -24,23 +24,19 @@ import os
 import threading
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from cdi.spec import ContainerEdits, edits_from_dict, edits_to_dict
+from agent.claim_records import ClaimRecord, DeviceRecord
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointDamaged", "CheckpointError", "ClaimRecord", "DeviceRecord",
-           "read_boot_id"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointDamaged", "CheckpointError", "read_boot_id"]
 
 FORMAT = 2
 """Journal format. Readers refuse records of a newer format rather than misread them."""
 
 _COMPACT_AFTER = 256  # records beyond the live claims before the journal is rewritten
 _SHOWN_PROBLEMS = 3  # damaged lines named in the error; the count says how many more there are
-
-State = Literal["started", "completed"]
-
 
 class CheckpointError(Exception):
     """The checkpoint cannot be read or written."""
@@ -62,106 +58,6 @@ class CheckpointDamaged(CheckpointError):
             f"Restore the file from a backup, or move it aside (mv {path} {path}.damaged) and start again: the "
             "agent then keeps the CDI specs of the claims it finds prepared and refuses their devices to other "
             "claims until the kubelet unprepares them")
-
-
-@dataclass(frozen=True)
-class DeviceRecord:
-    """A device as prepared for a claim: enough to answer the kubelet again and to undo it after a restart.
-    `admin_access`: allocated with adminAccess, so it does not hold the device against other claims."""
-
-    device: str
-    backend: str
-    requests: tuple[str, ...] = ()
-    cdi_ids: tuple[str, ...] = ()
-    edits: ContainerEdits = field(default_factory=ContainerEdits)
-    common_edits: ContainerEdits | None = None
-    restore: Mapping[str, Any] = field(default_factory=dict)
-    admin_access: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "device": self.device,
-            "backend": self.backend,
-            "requests": list(self.requests),
-            "cdiIds": list(self.cdi_ids),
-            "edits": edits_to_dict(self.edits),
-            "commonEdits": None if self.common_edits is None else edits_to_dict(self.common_edits),
-            "restore": dict(self.restore),
-        }
-        if self.admin_access:
-            data["adminAccess"] = True
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> DeviceRecord:
-        common = data.get("commonEdits")
-        return cls(
-            device=_text(data, "device"),
-            backend=_text(data, "backend"),
-            requests=tuple(data.get("requests", ())),
-            cdi_ids=tuple(data.get("cdiIds", ())),
-            edits=edits_from_dict(data.get("edits") or {}),
-            common_edits=None if common is None else edits_from_dict(common),
-            restore=dict(data.get("restore") or {}),
-            admin_access=data.get("adminAccess", False) is True,
-        )
-
-
-@dataclass(frozen=True)
-class ClaimRecord:
-    """The state of one claim of this driver. `owner` is the agent instance that wrote the record (a `started`
-    record is rolled back only once its owner is gone); `recovered` marks a claim known from its CDI spec alone
-    (its journal records were lost), whose request names are not known until the kubelet asks again."""
-
-    uid: str
-    namespace: str
-    name: str
-    state: State
-    boot_id: str
-    devices: tuple[DeviceRecord, ...]  # for `started`, only device and backend are known
-    owner: str = ""
-    recovered: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "uid": self.uid,
-            "namespace": self.namespace,
-            "name": self.name,
-            "state": self.state,
-            "bootId": self.boot_id,
-            "devices": [d.to_json() for d in self.devices],
-        }
-        if self.owner:
-            data["owner"] = self.owner
-        if self.recovered:
-            data["recovered"] = True
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ClaimRecord:
-        state = data["state"]
-        if state not in ("started", "completed"):
-            raise ValueError(f"unknown claim state {state!r}")
-        devices = data["devices"]
-        if not isinstance(devices, list):
-            raise TypeError("devices is not a list")
-        return cls(
-            uid=_text(data, "uid"),
-            namespace=_text(data, "namespace"),
-            name=_text(data, "name"),
-            state=state,
-            boot_id=_text(data, "bootId"),
-            devices=tuple(DeviceRecord.from_json(d) for d in devices),
-            owner=str(data.get("owner", "")),
-            recovered=data.get("recovered", False) is True,
-        )
-
-
-def _text(data: Mapping[str, Any], key: str) -> str:
-    value = data[key]
-    if not isinstance(value, str):
-        raise TypeError(f"{key} is not a string")
-    return value
 
 
 def read_boot_id(proc: Path = Path("/proc")) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.checkpoint import DeviceRecord
+from agent.claim_records import DeviceRecord
 from cdi.spec import ContainerEdits, Device, Spec
 
 __all__ = ["CLASS", "cdi_device_id", "claim_spec", "vendor"]

@@ -17,8 +17,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint import Checkpoint, CheckpointError, ClaimRecord
+from agent.checkpoint import Checkpoint, CheckpointError
 from agent.claim_cdi import CLASS, vendor
+from agent.claim_plan import Owner
+from agent.claim_records import ClaimRecord
 from agent.device_health import HealthBoard
 from agent.events import EventRecorder
 from agent.health import HealthStream
@@ -29,7 +31,7 @@ from agent.kubelet_plugin import KubeletPlugin
 from agent.locks import FileLock
 from agent.logs import get_logger
 from agent.metrics import Metrics
-from agent.preparer import Owner, Preparer
+from agent.preparer import Preparer
 from agent.publisher import Features, Publisher
 from agent.reaper import Reaper
 from agent.recovery import recover

@@ -14,24 +14,24 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
 
-from agent.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
+from agent.checkpoint import Checkpoint
 from agent.claim_cdi import cdi_device_id, claim_spec
-from agent.claims import ClaimAllocation, ClaimError, check_reference, configs_for, read_allocation
+from agent.claim_plan import Owner, Plan, one_per_uid, plan_claim
+from agent.claim_records import ClaimRecord, DeviceRecord
+from agent.claims import ClaimError, check_reference, read_allocation
 from agent.kubelet_api import ClaimResult, PreparedDeviceResult
 from agent.locks import FileLock, KeyedLocks
 from agent.metrics import Metrics
-from agent.opaque import effective_config
-from backends.config import OpaqueConfig
 from backends.contract import Allocated, Backend, BackendError, ClaimRef, Prepared
 from backends.failpoints import failpoint
 from cdi.store import SpecStore
 
-__all__ = ["CLAIM_READ_SECONDS", "ClaimReader", "Owner", "Preparer"]
+__all__ = ["CLAIM_READ_SECONDS", "ClaimReader", "Preparer"]
 
 BACKEND_TIMEOUT = 40.0
 """Seconds a backend may take for one claim: below the kubelet's 45 s deadline, so the claim gets an answer."""
@@ -45,25 +45,6 @@ class ClaimReader(Protocol):
 
     async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The claim, None when it does not exist; other failures raise with a message for the operator."""
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The backend that owns a device."""
-
-    name: str
-    backend: Backend
-    config_types: tuple[type[OpaqueConfig], ...] = ()
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What preparing one claim means: per backend, its devices with their effective configuration."""
-
-    allocation: ClaimAllocation
-    per_backend: dict[str, tuple[Owner, list[Allocated]]]
-    requests: dict[str, tuple[str, ...]]  # device → request names (subrequests stripped)
-    admin: frozenset[str]  # devices allocated with admin access
 
 
 class Preparer:
@@ -116,7 +97,7 @@ class Preparer:
         if len(claims) == 1:  # the kubelet's usual call: no tasks to make for one claim
             ref = claims[0]
             return {ref.uid: await self._prepare_planned(ref, await self._plan(ref))}
-        refs, clashes = _one_per_uid(claims, "prepared")
+        refs, clashes = one_per_uid(claims, "prepared")
         plans = await asyncio.gather(*(self._plan(ref) for ref in refs))
         results = await asyncio.gather(*(self._prepare_planned(ref, plan) for ref, plan in zip(refs, plans,
                                                                                                  strict=True)))
@@ -127,13 +108,13 @@ class Preparer:
         """An error message per claim UID, empty on success; never raises."""
         if len(claims) == 1:
             return {claims[0].uid: await self._unprepare_one(claims[0])}
-        refs, clashes = _one_per_uid(claims, "unprepared")
+        refs, clashes = one_per_uid(claims, "unprepared")
         errors = await asyncio.gather(*(self._unprepare_one(ref) for ref in refs))
         return {ref.uid: error for ref, error in zip(refs, errors, strict=True)} | clashes
 
     # --- prepare ----------------------------------------------------------------------------------------
 
-    async def _plan(self, ref: ClaimRef) -> _Plan | str:
+    async def _plan(self, ref: ClaimRef) -> Plan | str:
         """Read and check the claim; an error message when it cannot be prepared."""
         try:
             check_reference(ref)
@@ -148,37 +129,17 @@ class Preparer:
             if claim is None:
                 return f"claim {ref.namespace}/{ref.name} not found"
             allocation = read_allocation(claim, ref, self.driver)
-            return self._resolve(allocation)
+            return plan_claim(allocation, self.pool, self.driver, self.owner_of)
         except ClaimError as e:
             return str(e)
 
-    def _resolve(self, allocation: ClaimAllocation) -> _Plan:
-        per_backend: dict[str, tuple[Owner, list[Allocated]]] = {}
-        requests: dict[str, tuple[str, ...]] = {}
-        admin: set[str] = set()
-        for result in allocation.devices:
-            if result.pool != self.pool:
-                raise ClaimError(f"device {result.device} was allocated from pool {result.pool}; "
-                                 f"this node's pool is {self.pool}")
-            owner = self.owner_of(result.device)
-            if owner is None:
-                raise ClaimError(f"device {result.device} is not a device of driver {self.driver} on this node")
-            config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
-            entry = per_backend.setdefault(owner.name, (owner, []))
-            if all(a.device != result.device for a in entry[1]):
-                entry[1].append(Allocated(result.device, result.request, config, result.admin_access))
-                if result.admin_access:
-                    admin.add(result.device)
-            requests[result.device] = tuple(dict.fromkeys((*requests.get(result.device, ()), result.request_name)))
-        return _Plan(allocation, per_backend, requests, frozenset(admin))
-
-    async def _prepare_planned(self, ref: ClaimRef, plan: _Plan | str) -> ClaimResult:
+    async def _prepare_planned(self, ref: ClaimRef, plan: Plan | str) -> ClaimResult:
         result = ClaimResult(error=plan) if isinstance(plan, str) else await self._prepare_checked(ref, plan)
         if result.error and self._on_failure is not None:
             self._on_failure(ref, result.error)
         return result
 
-    async def _prepare_checked(self, ref: ClaimRef, plan: _Plan) -> ClaimResult:
+    async def _prepare_checked(self, ref: ClaimRef, plan: Plan) -> ClaimResult:
         started = time.perf_counter()
         devices = sorted(plan.requests)
         try:
@@ -200,7 +161,7 @@ class Preparer:
             self._metrics.prepared_claims.labels(self.driver).set(
                 sum(c.state == "completed" for c in self.checkpoint.claims.values()))
 
-    async def _prepare_locked(self, ref: ClaimRef, plan: _Plan) -> ClaimResult:
+    async def _prepare_locked(self, ref: ClaimRef, plan: Plan) -> ClaimResult:
         record = self.checkpoint.claims.get(ref.uid)
         if record is not None and record.state == "started":
             await self.roll_back(record)  # an earlier attempt was cut short
@@ -251,7 +212,7 @@ class Preparer:
         failpoint("prepare-after-completed")
         return self._answer(completed)
 
-    async def _start(self, ref: ClaimRef, plan: _Plan, pairs: tuple[tuple[str, str], ...]) -> ClaimRecord:
+    async def _start(self, ref: ClaimRef, plan: Plan, pairs: tuple[tuple[str, str], ...]) -> ClaimRecord:
         """Record `started` before any backend runs: synced, unless every backend of the claim keeps durable
         records of its own changes (`records_own_changes`); then the record need only survive a crash of this
         process, and is written from the loop itself when the journal is idle (no worker thread, no disk wait)."""
@@ -271,7 +232,7 @@ class Preparer:
         failpoint("prepare-after-cdi")
         return self.checkpoint.complete(started, records)
 
-    async def _readopt(self, ref: ClaimRef, plan: _Plan, record: ClaimRecord) -> ClaimRecord:
+    async def _readopt(self, ref: ClaimRef, plan: Plan, record: ClaimRecord) -> ClaimRecord:
         """A claim known from its CDI spec alone (its journal records were lost) gets its names and request names
         back from the claim the kubelet asks for again."""
         devices = tuple(replace(d, requests=plan.requests[d.device], admin_access=d.device in plan.admin)
@@ -281,7 +242,7 @@ class Preparer:
         self.log.info("claim known from its CDI spec is prepared again", claim=_name(ref))
         return adopted
 
-    def _conflict(self, ref: ClaimRef, plan: _Plan) -> str:
+    def _conflict(self, ref: ClaimRef, plan: Plan) -> str:
         wanted = set(plan.requests) - plan.admin
         for other in self.checkpoint.claims.values():
             if other.uid == ref.uid:
@@ -293,7 +254,7 @@ class Preparer:
                         "first")
         return ""
 
-    async def _run_backends(self, ref: ClaimRef, plan: _Plan) -> tuple[dict[str, list[Prepared]], str]:
+    async def _run_backends(self, ref: ClaimRef, plan: Plan) -> tuple[dict[str, list[Prepared]], str]:
         """Prepare on every owning backend concurrently; what succeeded is returned even when one fails."""
 
         async def one(owner: Owner, allocated: list[Allocated]) -> list[Prepared] | str:
@@ -440,23 +401,6 @@ class Preparer:
                 await stack.enter_async_context(self.shared_state())
             await stack.enter_async_context(self._locks.hold([f"claim/{uid}", *(f"device/{d}" for d in devices)]))
             yield
-
-
-def _one_per_uid(claims: Sequence[ClaimRef], done: str) -> tuple[list[ClaimRef], dict[str, str]]:
-    """The claims of a request, each UID once; a UID named with two different names gets an error instead, as no
-    answer (keyed by UID) could say which of the two it is for."""
-    by_uid: dict[str, list[ClaimRef]] = {}
-    for ref in claims:
-        by_uid.setdefault(ref.uid, []).append(ref)
-    refs: list[ClaimRef] = []
-    clashes: dict[str, str] = {}
-    for uid, named in by_uid.items():
-        names = sorted({f"{r.namespace}/{r.name}" for r in named})
-        if len(names) > 1:
-            clashes[uid] = f"claim UID {uid} appears in one request as {' and '.join(names)}; not {done}"
-        else:
-            refs.append(named[0])
-    return refs, clashes
 
 
 def _name(ref: ClaimRef) -> str:

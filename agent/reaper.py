@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.checkpoint import ClaimRecord
+from agent.claim_records import ClaimRecord
 from agent.metrics import Metrics
 from agent.preparer import ClaimReader, Preparer
 from backends.contract import ClaimRef

@@ -23,8 +23,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 
-from agent.checkpoint import ClaimRecord, DeviceRecord
 from agent.claim_cdi import cdi_device_id
+from agent.claim_records import ClaimRecord, DeviceRecord
 from agent.preparer import Preparer
 from cdi.spec import CdiSpecError, Spec
 

@@ -11,11 +11,12 @@ from typing import Any
 
 from agent.checkpoint import Checkpoint
 from agent.claim_cdi import CLASS, vendor
+from agent.claim_plan import Owner
 from agent.host import Host
 from agent.inventory import BackendReport, discover_all, start_all, stop_all
 from agent.logs import get_logger
 from agent.plugins import LoadedPlugin, find_plugins, load_plugins
-from agent.preparer import Owner, Preparer
+from agent.preparer import Preparer
 from backends.contract import ClaimRef
 from backends.simulation.node import SimulatedNode
 from cdi.store import SpecStore

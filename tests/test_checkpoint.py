@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import checkpoint as cp
-from agent.checkpoint import Checkpoint, CheckpointDamaged, CheckpointError, DeviceRecord
+from agent.checkpoint import Checkpoint, CheckpointDamaged, CheckpointError
+from agent.claim_records import DeviceRecord
 from cdi.spec import ContainerEdits, DeviceNode, Mount
 
 BOOT = "11111111-1111-1111-1111-111111111111"

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint import Checkpoint, DeviceRecord
+from agent.checkpoint import Checkpoint
+from agent.claim_records import DeviceRecord
 from agent.recovery import recover
 from backends.contract import Allocated, ClaimRef, Prepared, PrepareError
 from backends.simulation.node import SimulatedNode

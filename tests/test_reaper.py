@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint import ClaimRecord, DeviceRecord
+from agent.claim_records import ClaimRecord, DeviceRecord
 from agent.metrics import Metrics
 from agent.reaper import Reaper, gone_reason
 from agent.testing.apiserver import TestApiServer

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.checkpoint import DeviceRecord
+from agent.claim_records import DeviceRecord
 from agent.logs import get_logger
 from agent.testing.conformance.loop_watch import LoopWatch
 from agent.testing.conformance.rules import inventory_problems, typed
