@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from agent.host import NodeNameError, open_host, resolve_node_name
+from agent.host import HostError, open_host, resolve_node_name
 from agent.inventory import Survey, merge_pools, stop_all, survey
 from agent.logs import get_logger
 from agent.report import BackendRow, render_backends, render_slices
@@ -37,7 +37,7 @@ async def _survey_node(settings: Settings, err: TextIO) -> _NodeSurvey | None:
             found = await survey(settings, host)
             await stop_all(found.started)
             return _NodeSurvey(node, found)
-    except (ProfileError, NodeNameError) as e:
+    except (ProfileError, HostError) as e:
         print(f"dra-agent: {e}", file=err)
         return None
 

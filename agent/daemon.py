@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agent.checkpoint import CheckpointError, read_boot_id
 from agent.driver import Driver, DriverSetup
-from agent.host import Host, NodeNameError, open_host, resolve_node_name
+from agent.host import Host, HostError, open_host, resolve_node_name
 from agent.inventory import BackendReport, stop_all, survey
 from agent.kube import KubeClient, KubeError
 from agent.links import LinkMonitor, open_link_monitor
@@ -154,7 +154,7 @@ async def run(settings: Settings) -> int:
             stack.push_async_callback(agent.stop)
             await agent.start()
             await stop.wait()
-    except (ProfileError, NodeNameError) as e:
+    except (ProfileError, HostError) as e:
         log.error("cannot start", error=str(e))
         return 2
     except (KubeError, CheckpointError, SocketError, OSError) as e:

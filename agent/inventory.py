@@ -69,7 +69,8 @@ async def start_all(
         name = plugin.found.name
         ctx = BackendContext(host.sysfs_root, host.dev_root, host.host_root, topology, config_for(name),
                              get_logger(name), udev, registry, links,
-                             state_root / name if state_root is not None else None)
+                             state_root / name if state_root is not None else None,
+                             driver_root=host.driver_root)
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 await plugin.backend.start(ctx)

@@ -141,7 +141,7 @@ class Inventory:
 class BackendContext:
     """Everything a backend may use from the host: where sysfs, /dev and the host's files are, topology, its
     config, a logger. Container edits name host paths as the container runtime sees them (e.g. /dev/nvidia0,
-    /usr/lib/...), found by the backend under these roots."""
+    /usr/lib/...), found by the backend under these roots: a file seen at `host_root / p` is `/p` on the host."""
 
     sysfs_root: Path
     dev_root: Path
@@ -158,6 +158,10 @@ class BackendContext:
     state_dir: Path | None = None
     """A directory of the backend's own for records that must outlive the process (what it created on the
     hardware); None in one-off commands such as `discover`, which change nothing."""
+    driver_root: Path = field(kw_only=True)
+    """Where the accelerator vendor's driver user-space files (libraries, binaries, its own /dev when it has one)
+    are seen: `host_root` for a driver installed on the host, or a folder below it (e.g.
+    `<host_root>/run/nvidia/driver`, a driver container's root). Only the NVIDIA backends use it today."""
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(s
     unbind = sysfs / "bus/pci/drivers/nvidia/unbind"
     unbind.write_text("")
     ctx = BackendContext(sysfs, scratch / "dev", scratch, TopologyReader(sysfs), {}, structlog.get_logger("vfio"),
-                         state_dir=scratch / "state")
+                         state_dir=scratch / "state", driver_root=scratch)
     vfio = Passthrough(ctx, claim_seconds=0.3)
     started = time.monotonic()
     released = False
@@ -385,7 +385,8 @@ async def gpu_backend(sim_node: Any, scratch: Path) -> AsyncIterator[tuple[Nvidi
     node = sim_node("dgx-h100")
     backend = NvidiaGpuBackend()
     await backend.start(BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {},
-                                       structlog.get_logger("nvidia-gpu"), state_dir=scratch / "state"))
+                                       structlog.get_logger("nvidia-gpu"), state_dir=scratch / "state",
+                                       driver_root=node.driver_root))
     try:
         yield backend, node
     finally:

@@ -22,7 +22,7 @@ from backends.simulation.nvml_persist import load_mig_state
 from backends.simulation.profile import NodeProfile, ProfileError, load_profile
 from backends.simulation.sysfs_tree import write_tree
 
-__all__ = ["SimulatedNode", "mig_minor", "simulated_node"]
+__all__ = ["CONTAINER_DRIVER_ROOT", "SimulatedNode", "driver_root", "mig_minor", "simulated_node"]
 
 
 @dataclass
@@ -42,6 +42,11 @@ class SimulatedNode:
     def dev(self) -> Path:
         return self.root / "dev"
 
+    @property
+    def driver_root(self) -> Path:
+        """Where the NVIDIA driver's user-space files are (or go), by the profile's layout."""
+        return driver_root(self.root, self.profile.nvidia.layout)
+
     @classmethod
     def build(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
         """Lay the profile out, write its trees under `root` and create its NVML state (not yet installed)."""
@@ -51,8 +56,8 @@ class SimulatedNode:
         node.nvml.state_file = root / _MIG_STATE
         node.nvml.sysfs_root = node.sysfs  # NVML lists the GPUs the nvidia driver holds there
         node.reboot()
-        if plan.gpus:
-            _write_driver_files(root, profile.nvidia.driver_version)
+        if plan.gpus and profile.nvidia.installed:
+            _write_driver_files(node.driver_root, profile.nvidia.driver_version)
             _write_mig_minors(root, [g.minor for g in plan.gpus if GPU_MODELS[g.spec.model].mig_profiles])
         return node
 
@@ -102,6 +107,13 @@ class SimulatedNode:
 
 
 _MARKER = ".dra-agent-simulated-node.json"
+CONTAINER_DRIVER_ROOT = "run/nvidia/driver"
+"""Where the host sees the root of the GPU operator's driver container."""
+
+
+def driver_root(root: Path, layout: str) -> Path:
+    """The driver root of a node at `root` whose driver files have `layout` ("host" or "container")."""
+    return root / CONTAINER_DRIVER_ROOT if layout == "container" else root
 _MIG_STATE = ".sim/nvml-mig.json"
 
 
