@@ -70,6 +70,7 @@ _GPU, _MIG = HandleKind.GPU, HandleKind.MIG_DEVICE
 _MESSAGES = {
     NvmlReturn.SUCCESS: "Success",
     NvmlReturn.ERROR_UNINITIALIZED: "Uninitialized",
+    NvmlReturn.ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NvmlReturn.ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NvmlReturn.ERROR_NOT_SUPPORTED: "Not Supported",
     NvmlReturn.ERROR_NOT_FOUND: "Not Found",
@@ -109,6 +110,8 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
     `driver_version` and `cuda_driver_version` (e.g. 13000 for CUDA 13.0) are what the system queries report.
     """
 
+    driver_loaded: bool = True
+    """Whether the kernel module is loaded: without it nvmlInit fails with DRIVER_NOT_LOADED (`set_driver_loaded`)."""
     sysfs_root: Path | None = None
     """The node's sysfs: NVML lists only the GPUs the nvidia driver holds, so with this set a GPU bound to another
     driver there (vfio-pci, for passthrough) or to none is absent from the count and from every handle lookup,
@@ -172,6 +175,12 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
         """The GPUs in NVML index order."""
         return tuple(self._gpus)
 
+    def set_driver_loaded(self, loaded: bool) -> None:
+        """Load or unload the kernel module: calls from then on (nvmlInit first) see it; sessions already open carry
+        on, as NVML's descriptors keep the module in use."""
+        with self._lock:
+            self.driver_loaded = loaded
+
     def set_busy(self, index: int, busy: bool = True) -> None:
         """Mark GPU `index` as running processes (a MIG mode change then fails with IN_USE)."""
         with self._lock:
@@ -226,14 +235,18 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
 
     def nvmlInitWithFlags(self, flags: Any) -> int:
         with self._lock:
-            self._init_count += 1
+            self._calls["nvmlInitWithFlags"] += 1
+            if not self.driver_loaded:
+                return NvmlReturn.ERROR_DRIVER_NOT_LOADED
+            self._client().init_count += 1
         return NvmlReturn.SUCCESS
 
     @api
     def nvmlShutdown(self) -> int:
-        self._init_count -= 1
-        if self._init_count == 0:
-            self._release_event_sets()
+        client = self._client()
+        client.init_count -= 1
+        if client.init_count == 0:
+            self._client_released(client)
         return NvmlReturn.SUCCESS
 
     @property
