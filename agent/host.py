@@ -40,7 +40,8 @@ class Host:
 def open_host(settings: Settings) -> Iterator[Host]:
     """The real host, or (with `simulate`) a simulated node that exists for the duration of the block.
 
-    A simulated node also plugs its NVML in under pynvml, so backends run their real code paths. `dra-agent run`
+    A simulated node brings its NVIDIA driver's files, its NVML library among them, so backends run their real
+    code paths (NVML is loaded from the driver root as on a real node). `dra-agent run`
     on a kept node (`--sim-root`) re-executes itself under umockdev's preload library first, so that its udev
     monitor sees the node and receives the uevents injected into it (backends.simulation.udev_events).
     Raises backends.simulation.profile.ProfileError for an unknown or invalid profile, HostError for a driver root

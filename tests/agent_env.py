@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pynvml
-
 from agent.daemon import Agent
 from agent.host import open_host
 from agent.kube import KubeClient
@@ -29,6 +27,7 @@ from agent.settings import Settings
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletSimulator, Plugin
 from backends.contract import ClaimRef
+from backends.simulation.node_services import served_nvml
 from backends.simulation.nvml import SimulatedNvml
 
 NODE = "node-a"
@@ -205,10 +204,9 @@ async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plu
     return plugin
 
 
-def simulated_nvml() -> SimulatedNvml:
-    """The simulated NVML an in-process agent's node plugged in under pynvml."""
-    assert isinstance(pynvml.nvmlLib, SimulatedNvml)
-    return pynvml.nvmlLib
+def simulated_nvml(env: InProcess) -> SimulatedNvml:
+    """The NVML state of the node an in-process agent runs on (served from this process)."""
+    return served_nvml(env.agent.host.host_root)
 
 
 def journal_entries(path: Path) -> dict[str, Any]:

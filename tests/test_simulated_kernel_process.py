@@ -14,6 +14,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from backends.nvidia.driver_root import DriverRoot
+from backends.nvidia.nvml import nvml_session, use_driver_root
 from backends.simulation.kernel_process import KernelProcess, KernelProcessError
 from backends.simulation.node import simulated_node
 from backends.simulation.profile import load_profile
@@ -34,11 +36,9 @@ def test_the_kernel_process_reacts_to_writes_as_the_thread_does(scratch: Path) -
         assert driver(node.sysfs, GPU_BDF) == VFIO_PCI
         group = os.path.basename(os.readlink(node.sysfs / "bus/pci/devices" / GPU_BDF / "iommu_group"))
         assert (node.dev / "vfio" / group).exists()
-        pynvml.nvmlInit()
-        try:
+        use_driver_root(DriverRoot(node.root, node.driver_root, node.dev))
+        with nvml_session():  # the node's library: its calls are served by the kernel process
             assert pynvml.nvmlDeviceGetCount() == 7, "NVML in this process sees what the kernel process did"
-        finally:
-            pynvml.nvmlShutdown()
         rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
         assert driver(node.sysfs, GPU_BDF) == "nvidia"
 

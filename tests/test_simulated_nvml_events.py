@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from backends.nvidia.nvml import nvml_session
 from backends.simulation.catalog import GPU_MODELS
 from backends.simulation.node import SimulatedNode
 from backends.simulation.nvml import NO_INSTANCE, SimGpu, SimulatedNvml
@@ -336,8 +337,7 @@ def test_a_root_longer_than_a_socket_path_works(sim: SimulatedNvml, scratch: Pat
 def test_the_cli_injects_into_a_node_served_by_another_process(sim_node: Callable[[str], SimulatedNode]) -> None:
     node = sim_node("mixed")
     assert node.control_socket.exists()
-    pynvml.nvmlInit()
-    try:
+    with nvml_session():  # the node's library: served, like the control channel, by the node's services
         _, event_set = _watch(1)
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -359,5 +359,3 @@ def test_the_cli_injects_into_a_node_served_by_another_process(sim_node: Callabl
         assert bad.stderr.startswith("error: no GPU 'GPU-nope' on this node; GPUs: 0 (")
         usage = cli("xid", "0")
         assert usage.returncode == 2
-    finally:
-        pynvml.nvmlShutdown()

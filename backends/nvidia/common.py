@@ -23,6 +23,7 @@ from backends.contract import (
 )
 from backends.nvidia.config import DEFAULT_GPU_CONFIG, GpuBackendConfig, GpuConfig
 from backends.nvidia.driver_files import Capability, driver_mounts
+from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.health_feed import HealthFeed
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.nvml import (
@@ -34,6 +35,7 @@ from backends.nvidia.nvml import (
     list_gpus,
     nvml_session,
     system_info,
+    use_driver_root,
 )
 from cdi.spec import ContainerEdits, DeviceNode
 
@@ -55,6 +57,7 @@ class NvidiaBackend(BuiltinBackend):
     def __init__(self) -> None:
         super().__init__()
         self._feed: HealthFeed | None = None
+        self._driver: DriverRoot | None = None
         self._driver_version = ""
         self._warned_no_files = False
         # Control nodes and driver files per set of capabilities: the same for every claim until the driver
@@ -91,6 +94,8 @@ class NvidiaBackend(BuiltinBackend):
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)
+        self._driver = DriverRoot(ctx.host_root, ctx.driver_root, ctx.dev_root)
+        use_driver_root(self._driver)
         config = self._config
         assert isinstance(config, GpuBackendConfig)
         self._feed = HealthFeed(log=ctx.log, ignored_xids=config.ignored_xids, recheck_seconds=config.recheck_seconds,

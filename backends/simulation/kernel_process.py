@@ -1,7 +1,8 @@
-"""The simulated kernel in a process of its own, as `dra-agent run` on a simulated node uses it: a real kernel
-reacts to sysfs writes outside the agent's process, on other CPUs, and never holds the agent's interpreter lock.
-In a thread of the agent (`SimulatedKernel`, as tests that open a node in their own process use it), its work
-would compete with the agent's for the lock, and the agent would look slower than it is.
+"""The simulated node's kernel side (`node_services`: sysfs reactions, the NVML server, the control channel) in a
+process of its own, as `dra-agent run` on a simulated node uses it: a real kernel and driver work outside the
+agent's process, on other CPUs, and never hold the agent's interpreter lock. In threads of the agent (as tests
+that open a node in their own process use it), their work would compete with the agent's for the lock, and the
+agent would look slower than it is.
 
     python -m backends.simulation.kernel_process ROOT    (the node's profile as one JSON line on stdin)
 
@@ -18,8 +19,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-from backends.simulation.kernel import SimulatedKernel
-from backends.simulation.layout import plan_node
+from backends.simulation.node_services import NodeServices
 from backends.simulation.profile import NodeProfile
 
 __all__ = ["KernelProcess", "KernelProcessError"]
@@ -79,9 +79,12 @@ class KernelProcess:
 
 
 def main(argv: list[str]) -> int:
+    from backends.simulation.node import SimulatedNode  # which starts processes of this module
+
     root = Path(argv[0])
     profile = NodeProfile.model_validate_json(sys.stdin.buffer.readline())
-    with SimulatedKernel(root, plan_node(profile)):
+    node = SimulatedNode.existing(profile, root)
+    with NodeServices(root, node.plan, node.nvml):
         sys.stdout.buffer.write(_READY)
         sys.stdout.buffer.flush()
         while sys.stdin.buffer.read(4096):  # until the parent closes stdin or is gone

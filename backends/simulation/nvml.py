@@ -1,12 +1,16 @@
-"""A simulated NVML library for the simulated node, plugged in under the real `pynvml` module.
+"""The simulated node's NVML: the GPUs' state and NVML's rules, behind methods named after the C symbols.
 
-`SimulatedNvml(gpus).install()` puts an object in `pynvml.nvmlLib` whose methods are named after the C
-symbols pynvml looks up and take the same ctypes arguments, so pynvml's own wrapper code runs unchanged and
-returns the structs, strings and `NVMLError` subclasses it would on a real node. This module owns the
-system and device-identity entry points (which GPUs are listed), plugging in, and the test-facing controls for
-MIG layouts; MIG entry points are in `nvml_mig`, compute mode in `nvml_compute`, event sets and injected events,
-lost GPUs and reset in `nvml_events`, state and rules in `nvml_state`, ctypes marshalling in `nvml_core`. Symbols
-not implemented are simply absent, so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
+Processes reach it through the node's NVML library (`nvml_library`), whose calls the node's NVML server
+(`nvml_server`) turns into calls of these methods with the ctypes arguments pynvml would pass, so pynvml's own
+wrapper code runs unchanged and returns the structs, strings and `NVMLError` subclasses it would on a real node.
+Unit tests of the rules may also plug it under pynvml in their own process: `SimulatedNvml(gpus).install()`
+puts it in `pynvml.nvmlLib`.
+
+This module owns the system and device-identity entry points (which GPUs are listed), plugging in, and the
+test-facing controls for MIG layouts; MIG entry points are in `nvml_mig`, compute mode in `nvml_compute`, event
+sets and injected events, lost GPUs and reset in `nvml_events`, state and rules in `nvml_state`, ctypes
+marshalling and the per-process clients in `nvml_core`. Symbols not implemented are absent from the library too,
+so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
 """
 
 from __future__ import annotations

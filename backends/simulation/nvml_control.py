@@ -33,7 +33,7 @@ from typing import Any
 from backends.simulation.nvml import SimulatedNvml
 from backends.simulation.nvml_events import NO_INSTANCE
 
-__all__ = ["ControlError", "ControlServer", "control_socket", "main", "request", "serve_control"]
+__all__ = ["ControlError", "ControlServer", "control_socket", "main", "request", "serve_control", "socket_address"]
 
 _MAX_DATAGRAM = 1 << 16
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path minus the terminating NUL
@@ -49,7 +49,7 @@ def control_socket(root: Path) -> Path:
 
 
 @contextmanager
-def _address(path: Path) -> Iterator[str]:
+def socket_address(path: Path) -> Iterator[str]:
     """A connectable name for `path`; a path longer than sun_path is reached through its folder's descriptor."""
     if len(os.fsencode(path)) <= _SUN_PATH_MAX:
         yield str(path)
@@ -79,7 +79,7 @@ class ControlServer:
             self.path.unlink()  # left by a process that was killed
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
-            with _address(self.path) as address:
+            with socket_address(self.path) as address:
                 sock.bind(address)
             self._inode = self.path.stat().st_ino
         except OSError:
@@ -200,7 +200,7 @@ def request(root: Path, message: Mapping[str, Any], timeout: float = 5.0) -> dic
         sock.bind("")  # an automatic abstract address, so the node can answer
         sock.settimeout(timeout)
         try:
-            with _address(path) as address:
+            with socket_address(path) as address:
                 sock.sendto(json.dumps(message).encode(), address)
             data = sock.recv(_MAX_DATAGRAM)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
