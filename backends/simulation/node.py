@@ -17,6 +17,7 @@ from pathlib import Path
 
 from backends.simulation.catalog import GPU_MODELS
 from backends.simulation.driver_files import driver_root, install_driver, refresh_nvml_library
+from backends.simulation.kernel_attach import Attachment, attach, node_lock
 from backends.simulation.kernel_process import KernelProcess
 from backends.simulation.layout import NodePlan, plan_node
 from backends.simulation.node_services import NodeServices
@@ -36,6 +37,8 @@ class SimulatedNode:
     profile: NodeProfile
     plan: NodePlan
     root: Path
+    served_elsewhere: bool = False
+    """Another process serves the node (this one attached to its kernel): its NVML state is not here."""
 
     @property
     def sysfs(self) -> Path:
@@ -55,6 +58,9 @@ class SimulatedNode:
         """The node's NVML state, as the process serving the node keeps it: the profile's GPUs and MIG instances,
         with what processes made on them since the node last rebooted. Only the serving process uses it (tests
         that open a node in their own process reach it here)."""
+        if self.served_elsewhere:
+            raise RuntimeError(f"the simulated node at {self.root} is served by another process: its GPUs are "
+                               "reached through its NVML library and control channel only")
         nvml = _nvml(self.plan)
         load_mig_state(nvml.gpus, self.root / _MIG_STATE)  # MIG instances live until a reboot, like on hardware
         nvml.state_file = self.root / _MIG_STATE
@@ -119,14 +125,15 @@ class SimulatedNode:
             if profile.nvidia.installed:
                 refresh_nvml_library(root, profile.nvidia)
             return node
-        if root.exists() and any(root.iterdir()):
+        if root.exists() and any(p.name != _SIM for p in root.iterdir()):
             raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")
         root.mkdir(parents=True, exist_ok=True)
         return cls.build(profile, root)
 
 
 _MARKER = ".dra-agent-simulated-node.json"
-_MIG_STATE = ".sim/nvml-mig.json"
+_SIM = ".sim"  # the node's own sockets, lock and GPU state
+_MIG_STATE = f"{_SIM}/nvml-mig.json"
 
 
 def _nvml(plan: NodePlan) -> SimulatedNvml:
@@ -206,27 +213,39 @@ def simulated_node(profile: str | NodeProfile, root: Path | None = None,
                    kernel_process: bool = False) -> Iterator[SimulatedNode]:
     """A node from a profile (name, path or object) with its kernel side served (see `node_services`) for the
     duration of the block: from threads of this process, or with `kernel_process` from a process of its own
-    (see `kernel_process`), as for `dra-agent run`.
+    (see `kernel_process`), as for `dra-agent run`. When another process serves the node at `root` already, this
+    one attaches to its kernel instead (see `kernel_attach`), as processes share one kernel on a real node.
 
     Without `root` the node lives in a temporary folder removed afterwards; with `root` it is kept there
     (see `SimulatedNode.open`).
     """
     spec = load_profile(profile) if isinstance(profile, str) else profile
-    if root is not None:
-        node = SimulatedNode.open(spec, root)
-        with _served(node, kernel_process):
-            yield node
-        return
-    base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir()))
+    temporary = root is None
+    where = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir())) if root is None else root
     try:
-        node = SimulatedNode.build(spec, base)
-        with _served(node, kernel_process):
+        where.mkdir(parents=True, exist_ok=True)
+        with node_lock(where):
+            node = SimulatedNode.build(spec, where) if temporary else SimulatedNode.open(spec, where)
+            service = _service(node, kernel_process).start()
+        try:
             yield node
+        finally:
+            if isinstance(service, NodeServices):
+                with node_lock(where):  # no process attaches to a node stopping
+                    service.stop()
+            else:
+                service.stop()
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if temporary:
+            shutil.rmtree(where, ignore_errors=True)
 
 
-def _served(node: SimulatedNode, in_process_of_its_own: bool) -> NodeServices | KernelProcess:
+def _service(node: SimulatedNode, in_process_of_its_own: bool) -> NodeServices | KernelProcess | Attachment:
+    """How this process uses the node's kernel side (call holding the node's lock)."""
+    attachment = attach(node.root)
+    if attachment is not None:
+        node.served_elsewhere = True
+        return attachment
     if in_process_of_its_own:
         return KernelProcess(node.root, node.profile)
     return NodeServices(node.root, node.plan, node.nvml)

@@ -1,9 +1,10 @@
 """The simulated node's kernel side while the node is in use: what a real node's kernel and driver do beside the
 agent. The kernel's reactions to sysfs writes (`kernel`), the NVML server that every process's NVML library calls
-(`nvml_server`) and the control channel for injected NVML events (`nvml_control`), all on one NVML state.
+(`nvml_server`) and the control channel for injected NVML events (`nvml_control`), all on one NVML state; and the
+socket other processes attach to instead of serving the node again (`kernel_attach`).
 
 Run from threads of the process that opened the node (tests), or in a process of its own (`kernel_process`, as
-`dra-agent run` uses it); the same code either way.
+`dra-agent run` uses it); the same code either way. Start it holding the node's lock (`kernel_attach.node_lock`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from types import TracebackType
 
 from backends.simulation.driver_files import nvml_server_socket
 from backends.simulation.kernel import SimulatedKernel
+from backends.simulation.kernel_attach import AttachListener
 from backends.simulation.layout import NodePlan
 from backends.simulation.nvml import SimulatedNvml
 from backends.simulation.nvml_control import ControlServer, control_socket
@@ -31,12 +33,14 @@ class NodeServices:
         self.kernel = SimulatedKernel(root, plan)
         self.nvml_server = NvmlServer(nvml, nvml_server_socket(root))
         self.control = ControlServer(nvml, control_socket(root))
+        self.attachments = AttachListener(root)
 
     def start(self) -> NodeServices:
         self.kernel.start()
         try:
             self.nvml_server.start()
             self.control.start()
+            self.attachments.start()
         except BaseException:
             self.stop()
             raise
@@ -46,6 +50,7 @@ class NodeServices:
     def stop(self) -> None:
         if _here.get(self.root) is self:
             del _here[self.root]
+        self.attachments.stop()
         self.control.stop()
         self.nvml_server.stop()
         self.kernel.stop()
