@@ -60,8 +60,21 @@ class Agent:
 
     @property
     def ready(self) -> bool:
-        """Started, every serving driver's sockets up and its slices published (trivially so without any)."""
+        """Started, every serving driver's sockets up and its slices published (trivially so without any): what
+        systemd is told with READY=1."""
         return self._started and all(d.published.is_set() for d in self.drivers.values() if d.active)
+
+    def not_ready(self) -> list[str]:
+        """Why /readyz fails, one reason each: start-up not done, or hardware a backend cannot serve (which an
+        operator must see: the node has devices and the agent publishes none of them)."""
+        reasons: list[str] = []
+        if not self._started:
+            reasons.append("starting")
+        reasons.extend(f"{d.name}: slices not published yet" for d in self.drivers.values()
+                       if d.active and not d.published.is_set())
+        for driver in self.drivers.values():
+            reasons.extend(driver.unserved())
+        return reasons
 
     async def start(self) -> None:
         # Opened before the backends start, so no hot-plug between their discovery and their subscription is lost:
@@ -85,7 +98,7 @@ class Agent:
             await driver.start()
             self._tasks.append(asyncio.create_task(self._announce_when_published(driver), name=f"announce {name}"))
         if self.settings.metrics_address:
-            self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, lambda: self.ready)
+            self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, self.not_ready)
             await self._metrics_server.start()
         self._tasks.append(asyncio.create_task(self.notifier.keep_alive(), name="watchdog"))
         self._started = True

@@ -42,6 +42,7 @@ __all__ = [
     "LinkEvents",
     "PrepareError",
     "Prepared",
+    "Unserved",
     "Version",
     "is_semver",
 ]
@@ -129,12 +130,27 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Unserved:
+    """Hardware a backend knows is on the node but cannot serve at all, and why: e.g. NVIDIA GPUs in sysfs whose
+    driver's NVML library cannot be loaded. Unlike a warning about one device (left out, an attribute dropped),
+    this is an error an operator must act on: the core logs it as one, counts it in the metric
+    `dra_agent_unserved_devices` and answers /readyz with 503 and the reason until a discovery no longer reports
+    it. A backend reporting it should look again by itself (and yield `DevicesChanged` once it can serve them)."""
+
+    devices: tuple[str, ...]
+    """How an operator finds the hardware, e.g. PCI addresses."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class Inventory:
-    """What a backend owns right now, plus what it could not discover and why."""
+    """What a backend owns right now, plus what it could not discover and why: `warnings` about single devices or
+    attributes, `unserved` for hardware it cannot serve at all."""
 
     devices: tuple[Device, ...] = ()
     counter_sets: tuple[CounterSet, ...] = ()
     warnings: tuple[str, ...] = ()
+    unserved: tuple[Unserved, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -315,7 +315,7 @@ def test_probes_use_the_metrics_endpoint() -> None:
 
 async def test_probe_paths_are_served_by_the_agent() -> None:
     container = _container()
-    server = MetricsServer("127.0.0.1:0", Metrics(), lambda: True)
+    server = MetricsServer("127.0.0.1:0", Metrics(), lambda: ())
     await server.start()
     try:
         async with aiohttp.ClientSession() as client:
