@@ -77,6 +77,8 @@ def flags_for(settings: Settings) -> list[str]:
         flags += ["--backends", ",".join(settings.backends)]
     if settings.metrics_address:
         flags += ["--metrics-address", settings.metrics_address]
+    if settings.driver_root:
+        flags += ["--driver-root", str(settings.driver_root)]
     return flags
 
 

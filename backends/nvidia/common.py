@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 from structlog.typing import FilteringBoundLogger
@@ -33,6 +34,7 @@ from backends.nvidia.nvml import (
     NvmlUnavailable,
     SystemInfo,
     list_gpus,
+    loaded_library,
     nvml_session,
     system_info,
     use_driver_root,
@@ -63,6 +65,7 @@ class NvidiaBackend(BuiltinBackend):
         # Control nodes and driver files per set of capabilities: the same for every claim until the driver
         # changes, and finding them costs a few hundred microseconds of file system lookups.
         self._common: dict[tuple[Capability, ...], ContainerEdits] = {}
+        self._library: Path | None = None  # the NVML library those were found beside
 
     def driver_version_seen(self, version: str) -> None:
         """Discovery read the driver's version: a new driver has new files."""
@@ -78,18 +81,34 @@ class NvidiaBackend(BuiltinBackend):
             config = allocated.config if isinstance(allocated.config, GpuConfig) else DEFAULT_GPU_CONFIG
             capabilities.extend(config.driver_capabilities)
         wanted = tuple(dict.fromkeys(capabilities))
+        library = loaded_library()
+        if library != self._library:  # another driver's files (a driver container restarted, upgraded)
+            self._common, self._library = {}, library
         common = self._common.get(wanted)
         if common is None:
             common = self._common[wanted] = await asyncio.to_thread(self._find_common_edits, wanted)
         return common
 
+    @property
+    def driver_root(self) -> DriverRoot:
+        """The NVIDIA driver's root: where its files and device nodes are, here and on the host."""
+        if self._driver is None:
+            raise RuntimeError(f"backend {self.name} used before start()")
+        return self._driver
+
+    def device_node(self, name: str) -> DeviceNode:
+        """The driver's device node `name` (nvidia0, nvidia-caps/nvidia-cap12, ...) for a container: at /dev/<name>
+        in it, from where the host has it (the driver container's own /dev when it has one)."""
+        return DeviceNode(f"/dev/{name}", host_path=self.driver_root.device_host_path(name))
+
     def _find_common_edits(self, capabilities: tuple[Capability, ...]) -> ContainerEdits:
-        nodes = tuple(DeviceNode(f"/dev/{name}") for name in _CONTROL_NODES if (self.ctx.dev_root / name).exists())
-        mounts = driver_mounts(self.ctx.host_root, self._driver_version, capabilities)
+        devices = self.driver_root.device_root()
+        nodes = tuple(self.device_node(name) for name in _CONTROL_NODES if (devices / name).exists())
+        mounts = driver_mounts(self.driver_root, self._driver_version, capabilities, loaded_library())
         if not mounts and not self._warned_no_files:
             self._warned_no_files = True
-            self.ctx.log.warning("no NVIDIA driver libraries or binaries found on the host; containers get "
-                                 "device nodes only", host_root=str(self.ctx.host_root))
+            self.ctx.log.warning("no NVIDIA driver libraries or binaries found in the driver root; containers get "
+                                 "device nodes only", driver_root=str(self.driver_root.root))
         return ContainerEdits(device_nodes=nodes, mounts=mounts)
 
     async def start(self, ctx: BackendContext) -> None:

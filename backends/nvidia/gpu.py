@@ -17,7 +17,7 @@ from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.sysfs import read_link_name
 from backends.topology import device_name
 from backends.vfio import PassthroughBackend, VfioConfig
-from cdi.spec import ContainerEdits, DeviceNode
+from cdi.spec import ContainerEdits
 
 __all__ = ["NvidiaGpuBackend"]
 
@@ -128,7 +128,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                         self.modes.apply, claim.uid, a.device, self._refs[a.device].bus_id, mode)
                 prepared[a.device] = Prepared(
                     device=a.device,
-                    edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{self._minors[a.device]}"),)),
+                    edits=ContainerEdits(device_nodes=(self.device_node(f"nvidia{self._minors[a.device]}"),)),
                     common_edits=common,
                     restore=restore,
                 )

@@ -34,7 +34,7 @@ from backends.nvidia.mig_whole import WholeGpus
 from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
 from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.topology import PciTopology, device_name
-from cdi.spec import ContainerEdits, DeviceNode
+from cdi.spec import ContainerEdits
 
 __all__ = ["NvidiaMigBackend", "mig_device_name"]
 
@@ -69,7 +69,7 @@ class NvidiaMigBackend(NvidiaBackend):
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)
-        self._mig_edits = MigEdits(ctx.host_root)
+        self._mig_edits = MigEdits(ctx.host_root, self.device_node)
         self._modes = ComputeModes(ctx.state_dir, ctx.log)
         if ctx.state_dir is not None:
             ledger = MigLedger(ctx.state_dir / "mig-ledger.json")
@@ -109,7 +109,7 @@ class NvidiaMigBackend(NvidiaBackend):
                 offer = self._offers[allocated.device]
                 if allocated.device in whole and allocated.admin_access:
                     # Watching a GPU other claims may use: its MIG mode stays as it is.
-                    node = DeviceNode(f"/dev/nvidia{offer.gpu_minor}")
+                    node = self.device_node(f"nvidia{offer.gpu_minor}")
                     prepared.append(Prepared(allocated.device, ContainerEdits(device_nodes=(node,)), common))
                     continue
                 if allocated.device in whole:
@@ -132,7 +132,7 @@ class NvidiaMigBackend(NvidiaBackend):
         mode = modes[device]
         if mode is not None:
             restore["computeMode"] = await asyncio.to_thread(self.modes.apply, claim.uid, device, offer.bus_id, mode)
-        return Prepared(device, ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{minor}"),)), common, restore)
+        return Prepared(device, ContainerEdits(device_nodes=(self.device_node(f"nvidia{minor}"),)), common, restore)
 
     @property
     def modes(self) -> ComputeModes:
