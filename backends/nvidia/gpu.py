@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.contract import Allocated, BackendContext, ClaimRef, Device, Inventory, Prepared, PrepareError
-from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost
 from backends.nvidia.config import GpuConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_whole import held_whole
@@ -171,7 +171,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
             self._modes.close()
 
     def _discover(self) -> Inventory:
-        return read_nvml(self.ctx.log, self._inventory)
+        return self.read_nvml(self._inventory)
 
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         kept, lost_warnings = kept_while_lost(self._devices, problems, "index")

@@ -24,7 +24,7 @@ from backends.contract import (
     Prepared,
     PrepareError,
 )
-from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost
 from backends.nvidia.config import GpuConfig, MigBackendConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_dynamic import MigMaker, Offer, dynamic_devices
@@ -183,7 +183,7 @@ class NvidiaMigBackend(NvidiaBackend):
         return inventory
 
     def _discover(self) -> Inventory:
-        return read_nvml(self.ctx.log, self._inventory)
+        return self.read_nvml(self._inventory)
 
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         warnings = [p.message for p in problems if p.mig_enabled]
