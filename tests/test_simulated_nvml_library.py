@@ -242,3 +242,18 @@ def test_written_cache_matches_ldconfig_for_the_same_entries(scratch: Path) -> N
                             check=True).stdout
     assert listed.splitlines()[1:] == ["\tlibb.so.1 (libc6,x86-64) => /x/libb.so.1",
                                        "\tliba.so.2 (libc6,x86-64) => /x/liba.so.2"]
+
+
+def test_a_fault_of_the_simulation_is_an_unknown_error_and_the_server_goes_on(
+        served: tuple[SimulatedNvml, NvmlServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    sim, _ = served
+
+    def broken(*args: object) -> int:
+        raise ZeroDivisionError("a bug")
+
+    with nvml_session():
+        monkeypatch.setattr(sim, "nvmlDeviceGetCount_v2", broken)
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            pynvml.nvmlDeviceGetCount()
+        monkeypatch.undo()
+        assert pynvml.nvmlDeviceGetCount() == 2

@@ -179,8 +179,12 @@ class NvmlServer:
             call = _marshal(pid, SIGNATURES[name], words)
         except MemoryAccessError:
             return NvmlReturn.ERROR_INVALID_ARGUMENT  # a pointer into nothing
-        with self.nvml.serving(client):
-            code = int(getattr(self.nvml, name)(*call.args))
+        try:
+            with self.nvml.serving(client):
+                code = int(getattr(self.nvml, name)(*call.args))
+        except Exception:  # a fault of the simulation: the caller gets NVML's "unknown error", the server goes on
+            _log.exception("simulated NVML: %s of process %d failed", name, pid)
+            return NvmlReturn.ERROR_UNKNOWN
         try:
             _write_back(pid, call, code)
         except MemoryAccessError:
