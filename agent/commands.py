@@ -99,6 +99,9 @@ async def backends_command(settings: Settings, output: str, out: TextIO, err: Te
             assert inventory is not None
             devices = len(inventory.devices)
             status = f"{devices} device(s)" if devices else "no hardware found"
+            unserved = [f"cannot serve {len(u.devices)} device(s): {u.reason}" for u in inventory.unserved]
+            if unserved:
+                status = "; ".join([f"{devices} device(s)", *unserved] if devices else unserved)
         else:
             status = f"failed: {reports[name].error}" if name in reports else "not run"
         rows.append(BackendRow(name, plugin.distribution, plugin.version, driver, enabled, devices, status))

@@ -148,3 +148,19 @@ def test_nvidia_gpus_without_nvml_are_unserved_and_a_node_without_them_is_quiet(
 
     quiet = sim_node("tpu-v5e-8")
     assert read_nvml(structlog.get_logger(), quiet.sysfs, lambda *_: Inventory()) == Inventory()
+
+
+def test_backends_says_why_gpus_cannot_be_served(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    profile = scratch / "container.yaml"
+    profile.write_text("name: container\nnvidia: {layout: container}\nroot_complexes:\n  - ports:\n"
+                       "      - gpu: {model: L4}\n")
+    # The driver is in a driver container's root, and the agent is not told: its GPU cannot be served.
+    result = run_cli("backends", "--simulate", str(profile), "--sim-root", str(scratch / "node"), "-o", "json")
+    assert result.code == 0
+    (row,) = [r for r in json.loads(result.out) if r["name"] == "nvidia-gpu"]
+    assert row["status"].startswith("cannot serve 1 device(s): NVIDIA GPUs are on the node but NVML cannot be used")
+    assert f"{scratch / 'node'}/usr/lib64/libnvidia-ml.so.1: not found" in row["status"]
+    told = run_cli("backends", "--simulate", str(profile), "--sim-root", str(scratch / "node"), "-o", "json",
+                   "--driver-root", str(scratch / "node/run/nvidia/driver"))
+    (row,) = [r for r in json.loads(told.out) if r["name"] == "nvidia-gpu"]
+    assert row["status"] == "1 device(s)"

@@ -147,6 +147,10 @@ def test_library_found_by_the_cache_then_the_folders_with_every_place_tried(scra
     search = root.find_library("libnvidia-ml.so.1")
     assert search.candidates == (libs / "libnvidia-ml.so.580.95.05",), "found in the usual folders instead"
     assert f"{cache}: unreadable (not an ld.so.cache" in search.describe()
+    cache.write_bytes(_new_format([("libnvidia-ml.so.1", listed, abi_flags() or X86, 0)])[:70])
+    search = root.find_library("libnvidia-ml.so.1")
+    assert search.candidates == (libs / "libnvidia-ml.so.580.95.05",)
+    assert f"{cache}: unreadable (truncated: the header lists 1 entries" in search.describe()
     cache.unlink()
     assert f"{cache}: No such file or directory" in root.find_library("libnvidia-ml.so.1").describe()
 
