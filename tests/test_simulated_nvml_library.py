@@ -257,3 +257,20 @@ def test_a_fault_of_the_simulation_is_an_unknown_error_and_the_server_goes_on(
             pynvml.nvmlDeviceGetCount()
         monkeypatch.undo()
         assert pynvml.nvmlDeviceGetCount() == 2
+
+
+def test_a_new_driver_version_is_loaded_at_the_next_session_and_the_old_one_unloaded(
+        served: tuple[SimulatedNvml, NvmlServer], scratch: Path) -> None:
+    libraries = scratch / "usr/lib/x86_64-linux-gnu"
+    with nvml_session():
+        assert loaded_library() == libraries / "libnvidia-ml.so.580.95.05"
+        old = pynvml.nvmlLib
+        install_driver(scratch, NvidiaDriverSpec(driver_version="590.10.01"), [0, 1])  # upgraded meanwhile
+        assert pynvml.nvmlDeviceGetCount() == 2, "an open session goes on with the library it has"
+        assert loaded_library() == libraries / "libnvidia-ml.so.580.95.05"
+    with nvml_session():
+        assert loaded_library() == libraries / "libnvidia-ml.so.590.10.01"
+        assert pynvml.nvmlLib is not old
+        assert pynvml.nvmlDeviceGetCount() == 2
+    maps = Path("/proc/self/maps").read_text()
+    assert "libnvidia-ml.so.590.10.01" in maps and "libnvidia-ml.so.580.95.05" not in maps, "the old one unloaded"
