@@ -135,3 +135,12 @@ def test_a_second_opener_attaches_and_the_kernel_lives_while_anyone_is_attached(
                 time.sleep(0.05)
         finally:
             starter.kill()
+
+
+def test_a_kernel_whose_node_was_removed_ends_without_making_it_again(scratch: Path) -> None:
+    import shutil
+
+    root = scratch / "node"
+    with simulated_node("gke-n1-t4x2", root, kernel_process=True):
+        shutil.rmtree(root)  # a test's scratch folder removed while the kernel still runs
+    assert not root.exists()

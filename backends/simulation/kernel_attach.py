@@ -35,11 +35,19 @@ def kernel_socket(root: Path) -> Path:
 
 
 @contextmanager
-def node_lock(root: Path) -> Iterator[None]:
-    """Hold the node's lock (between processes; not re-entrant within one)."""
+def node_lock(root: Path, create: bool = True) -> Iterator[None]:
+    """Hold the node's lock (between processes; not re-entrant within one). Without `create`, a node whose folder
+    is gone (removed under a kernel still running) is not locked, nor made again: nobody can attach to it."""
     path = root / ".sim" / "kernel.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
         pass
     told = False
     while True:
-        with node_lock(root):  # no process attaches while the kernel decides to end
+        with node_lock(root, create=False):  # no process attaches while the kernel decides to end
             if not services.attachments.attached:
                 services.stop()
                 return 0
