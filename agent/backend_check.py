@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from agent.host import NodeNameError, open_host, resolve_node_name
+from agent.host import HostError, open_host, resolve_node_name
 from agent.inventory import Survey, discover_all, stop_all, survey
 from agent.settings import Settings
 from agent.testing.conformance.rules import config_problems, inventory_problems, name_changes
@@ -38,7 +38,7 @@ async def check_command(settings: Settings, output: str, out: TextIO, err: TextI
                 verdicts = await _verdicts(settings, node, found)
             finally:
                 await stop_all(found.started)
-    except (ProfileError, NodeNameError) as e:
+    except (ProfileError, HostError) as e:
         print(f"dra-agent: {e}", file=err)
         return EXIT_BAD_INPUT
     if not verdicts:

@@ -21,8 +21,8 @@ Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
 # Flags that map one-to-one onto settings (argparse dest == setting name).
 _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
-    "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid", "metrics_address",
-    "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
+    "driver_root", "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid",
+    "metrics_address", "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
 )
 
 
@@ -40,7 +40,10 @@ def _common_options() -> argparse.ArgumentParser:
     group.add_argument("--sysfs-root", dest="sysfs_root", type=Path, metavar="DIR", help="sysfs root (/sys)")
     group.add_argument("--dev-root", dest="dev_root", type=Path, metavar="DIR", help="device node root (/dev)")
     group.add_argument("--host-root", dest="host_root", type=Path, metavar="DIR",
-                       help="where the host's file system is seen, for driver libraries (/)")
+                       help="where the host's file system is seen (/)")
+    group.add_argument("--driver-root", dest="driver_root", type=Path, metavar="DIR",
+                       help="where the GPU driver's libraries and binaries are seen, below --host-root (default: "
+                            "the host root; <host root>/run/nvidia/driver for the GPU operator's driver container)")
     group.add_argument("--backends", metavar="NAMES",
                        type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
                        help="comma-separated backends to enable (default: every installed backend)")

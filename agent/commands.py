@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from agent.host import NodeNameError, open_host, resolve_node_name
+from agent.host import HostError, open_host, resolve_node_name
 from agent.inventory import Survey, merge_pools, stop_all, survey
 from agent.logs import get_logger
 from agent.report import BackendRow, render_backends, render_slices
@@ -37,7 +37,7 @@ async def _survey_node(settings: Settings, err: TextIO) -> _NodeSurvey | None:
             found = await survey(settings, host)
             await stop_all(found.started)
             return _NodeSurvey(node, found)
-    except (ProfileError, NodeNameError) as e:
+    except (ProfileError, HostError) as e:
         print(f"dra-agent: {e}", file=err)
         return None
 
@@ -99,6 +99,9 @@ async def backends_command(settings: Settings, output: str, out: TextIO, err: Te
             assert inventory is not None
             devices = len(inventory.devices)
             status = f"{devices} device(s)" if devices else "no hardware found"
+            unserved = [f"cannot serve {len(u.devices)} device(s): {u.reason}" for u in inventory.unserved]
+            if unserved:
+                status = "; ".join([f"{devices} device(s)", *unserved] if devices else unserved)
         else:
             status = f"failed: {reports[name].error}" if name in reports else "not run"
         rows.append(BackendRow(name, plugin.distribution, plugin.version, driver, enabled, devices, status))

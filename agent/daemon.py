@@ -19,7 +19,7 @@ from pathlib import Path
 from agent.checkpoint import CheckpointError, read_boot_id
 from agent.driver import Driver, DriverSetup
 from agent.events import EventRecorder
-from agent.host import Host, NodeNameError, open_host, resolve_node_name
+from agent.host import Host, HostError, open_host, resolve_node_name
 from agent.host_netns import resolve_host_netns, sysfs_netdevs_problem
 from agent.instances import InstanceError, Instances
 from agent.inventory import BackendReport, stop_all, survey
@@ -66,8 +66,21 @@ class Agent:
 
     @property
     def ready(self) -> bool:
-        """Started, every serving driver's sockets up and its slices published (trivially so without any)."""
+        """Started, every serving driver's sockets up and its slices published (trivially so without any): what
+        systemd is told with READY=1."""
         return self._started and all(d.published.is_set() for d in self.drivers.values() if d.active)
+
+    def not_ready(self) -> list[str]:
+        """Why /readyz fails, one reason each: start-up not done, or hardware a backend cannot serve (which an
+        operator must see: the node has devices and the agent publishes none of them)."""
+        reasons: list[str] = []
+        if not self._started:
+            reasons.append("starting")
+        reasons.extend(f"{d.name}: slices not published yet" for d in self.drivers.values()
+                       if d.active and not d.published.is_set())
+        for driver in self.drivers.values():
+            reasons.extend(driver.unserved())
+        return reasons
 
     async def start(self) -> None:
         self.instances.register(self.settings.pod_uid)
@@ -99,7 +112,7 @@ class Agent:
                 raise
             self._tasks.append(asyncio.create_task(self._announce_when_published(driver), name=f"announce {name}"))
         if self.settings.metrics_address:
-            self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, lambda: self.ready)
+            self._metrics_server = MetricsServer(self.settings.metrics_address, self.metrics, self.not_ready)
             await self._metrics_server.start()
         self._tasks.append(asyncio.create_task(self.notifier.keep_alive(), name="watchdog"))
         self._started = True
@@ -177,7 +190,7 @@ async def run(settings: Settings) -> int:
             stack.push_async_callback(agent.stop)
             await agent.start()
             await stop.wait()
-    except (ProfileError, NodeNameError) as e:
+    except (ProfileError, HostError) as e:
         log.error("cannot start", error=str(e))
         return 2
     except (KubeError, CheckpointError, InstanceError, SocketError, OSError) as e:

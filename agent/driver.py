@@ -25,7 +25,7 @@ from agent.device_health import HealthBoard
 from agent.events import EventRecorder
 from agent.health import HealthStream
 from agent.instances import Instances
-from agent.inventory import BackendReport, Pool, discover_all, merge_pools
+from agent.inventory import BackendReport, Pool, discover_all, log_unserved, merge_pools
 from agent.kube import KubeClient
 from agent.kubelet_plugin import KubeletPlugin
 from agent.locks import FileLock
@@ -82,11 +82,28 @@ class Driver:
         self._stale: set[str] = set()
         self._stale_event = asyncio.Event()
         self._log = get_logger("driver").bind(driver=name)
+        for report in self._reports.values():
+            self._count_unserved(report)
 
     @property
     def active(self) -> bool:
         """Serving the kubelet and publishing slices."""
         return self.plugin is not None
+
+    def unserved(self) -> list[str]:
+        """What the driver's backends know is on the node but cannot serve, one line each (for /readyz)."""
+        lines: dict[str, None] = {}  # nvidia-gpu and nvidia-mig say the same of the same GPUs: once is enough
+        for name in sorted(self._reports):
+            inventory = self._reports[name].inventory
+            for unserved in inventory.unserved if inventory else ():
+                lines.setdefault(f"{self.name}: {len(unserved.devices)} device(s) cannot be served "
+                                 f"({', '.join(unserved.devices)}): {unserved.reason}")
+        return list(lines)
+
+    def _count_unserved(self, report: BackendReport) -> None:
+        unserved = report.inventory.unserved if report.inventory else ()
+        self._setup.metrics.unserved_devices.labels(self.name, report.name).set(
+            sum(len(u.devices) for u in unserved))
 
     async def start(self) -> None:
         """Serve and publish if there is anything to offer or to clean up; follow the backends either way."""
@@ -222,7 +239,13 @@ class Driver:
                     continue
                 for warning in report.inventory.warnings:
                     self._log.warning("device problem", backend=report.name, problem=warning)
+                before = self._reports[report.name].inventory
+                if (before.unserved if before else ()) != report.inventory.unserved:
+                    log_unserved(self._log, report)
+                    if not report.inventory.unserved:
+                        self._log.info("every device can be served again", backend=report.name)
                 self._reports[report.name] = report
+                self._count_unserved(report)
             await self._refresh_pool()
 
     async def _refresh_pool(self) -> None:

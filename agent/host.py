@@ -6,41 +6,50 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.api_names import is_node_name
 from agent.logs import get_logger
-from agent.settings import Settings
+from agent.settings import Settings, lies_under
 
-__all__ = ["Host", "NodeNameError", "open_host", "resolve_node_name"]
+__all__ = ["Host", "HostError", "NodeNameError", "open_host", "resolve_node_name"]
 
 
-class NodeNameError(Exception):
+class HostError(Exception):
+    """The node cannot be opened as configured; the message says why."""
+
+
+class NodeNameError(HostError):
     """No usable node name could be determined."""
 
 
 @dataclass(frozen=True)
 class Host:
-    """The sysfs and /dev roots backends read, and the simulated profile's name when simulated."""
+    """The sysfs, /dev, host and driver roots backends read, and the simulated profile's name when simulated."""
 
     sysfs_root: Path
     dev_root: Path
     host_root: Path = Path("/")
     profile: str | None = None
+    driver_root: Path = field(kw_only=True)
+    """Where the GPU driver's user-space files are seen; `host_root` or below it."""
 
 
 @contextmanager
 def open_host(settings: Settings) -> Iterator[Host]:
     """The real host, or (with `simulate`) a simulated node that exists for the duration of the block.
 
-    A simulated node also plugs its NVML in under pynvml, so backends run their real code paths. `dra-agent run`
+    A simulated node brings its NVIDIA driver's files, its NVML library among them, so backends run their real
+    code paths (NVML is loaded from the driver root as on a real node). `dra-agent run`
     on a kept node (`--sim-root`) re-executes itself under umockdev's preload library first, so that its udev
     monitor sees the node and receives the uevents injected into it (backends.simulation.udev_events).
-    Raises backends.simulation.profile.ProfileError for an unknown or invalid profile.
+    Raises backends.simulation.profile.ProfileError for an unknown or invalid profile, HostError for a driver root
+    outside the simulated node.
     """
     if settings.simulate is None:
-        yield Host(settings.sysfs_root, settings.dev_root, settings.host_root)
+        yield Host(settings.sysfs_root, settings.dev_root, settings.host_root,
+                   driver_root=settings.effective_driver_root)
         return
     from backends.simulation.node import simulated_node  # only simulated runs pay for the simulator
 
@@ -55,7 +64,12 @@ def open_host(settings: Settings) -> Iterator[Host]:
 
     # The agent's simulated kernel runs beside it, as a real kernel does, not in a thread taking turns with it.
     with simulated_node(settings.simulate, settings.sim_root, kernel_process=agent_run) as node:
-        yield Host(node.sysfs, node.dev, node.root, node.profile.name)
+        driver_root = settings.driver_root if settings.driver_root is not None else node.root
+        if not lies_under(driver_root, node.root):
+            raise HostError(f"driver_root {driver_root} must lie under the simulated node's root {node.root}, which "
+                            "is its host root (e.g. --driver-root <sim root>/run/nvidia/driver for a driver "
+                            "container's files)")
+        yield Host(node.sysfs, node.dev, node.root, node.profile.name, driver_root=driver_root)
 
 
 def _is_agent_run() -> bool:

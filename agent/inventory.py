@@ -21,8 +21,10 @@ from backends.topology import TopologyReader
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+    from structlog.typing import FilteringBoundLogger
 
-__all__ = ["BackendReport", "Pool", "Survey", "discover_all", "merge_pools", "start_all", "stop_all", "survey"]
+__all__ = ["BackendReport", "Pool", "Survey", "discover_all", "log_unserved", "merge_pools", "start_all", "stop_all",
+           "survey"]
 
 _START_TIMEOUT = 30.0
 _DISCOVER_TIMEOUT = 60.0
@@ -69,7 +71,8 @@ async def start_all(
         name = plugin.found.name
         ctx = BackendContext(host.sysfs_root, host.dev_root, host.host_root, topology, config_for(name),
                              get_logger(name), udev, registry, links,
-                             state_root / name if state_root is not None else None)
+                             state_root / name if state_root is not None else None,
+                             driver_root=host.driver_root)
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 await plugin.backend.start(ctx)
@@ -194,4 +197,12 @@ async def survey(settings: Settings, host: Host, udev: DeviceEvents | None = Non
             log.warning("backend discovery failed", backend=report.name, reason=report.error)
         for warning in report.inventory.warnings if report.inventory else ():
             log.warning("device problem", backend=report.name, problem=warning)
+        log_unserved(log, report)
     return Survey(found, loaded, failures, started, start_errors, reports)
+
+
+def log_unserved(log: FilteringBoundLogger, report: BackendReport) -> None:
+    """An error per group of devices the backend cannot serve: hardware is there, and nothing is published for it."""
+    for unserved in report.inventory.unserved if report.inventory else ():
+        log.error("devices cannot be served", backend=report.name, driver=report.driver,
+                  devices=list(unserved.devices), reason=unserved.reason)

@@ -1,13 +1,14 @@
 """Prometheus metrics and the HTTP endpoint that serves them with liveness and readiness probes.
 
 `/metrics` (Prometheus text format), `/healthz` (the event loop answers), `/readyz` (start-up is done: every
-driver's sockets are up and its slices are published; whether the kubelet has registered them is up to it).
+driver's sockets are up and its slices are published, whether the kubelet has registered them is up to it; and
+no backend reports hardware it cannot serve). /readyz answers 503 with one line per reason it is not ready.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -53,6 +54,9 @@ class Metrics:
                                     registry=self.registry)
         self.stream_clients = Gauge("dra_agent_health_stream_clients", "Open kubelet health streams", ["driver"],
                                     registry=self.registry)
+        self.unserved_devices = Gauge("dra_agent_unserved_devices", "Devices a backend knows are on the node but "
+                                      "cannot serve (e.g. NVIDIA GPUs without a usable NVML); see the agent's error "
+                                      "log and /readyz for why", ["driver", "backend"], registry=self.registry)
 
     def set_health(self, driver: str, device: str, health: str) -> None:
         for state in _HEALTH_STATES:
@@ -71,13 +75,14 @@ class Metrics:
 class MetricsServer:
     """Serves the metrics and probes on host:port."""
 
-    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], bool]) -> None:
+    def __init__(self, address: str, metrics: Metrics, not_ready: Callable[[], Sequence[str]]) -> None:
+        """`not_ready` says why the agent is not ready, one reason per item; nothing when it is."""
         host, _, port = address.rpartition(":")
         if not port.isdigit():
             raise ValueError(f"metrics address {address!r} must be HOST:PORT")
         self.host, self.port = host or "0.0.0.0", int(port)
         self._metrics = metrics
-        self._ready = ready
+        self._not_ready = not_ready
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -101,4 +106,7 @@ class MetricsServer:
         return web.Response(text="ok\n")
 
     async def _serve_ready(self, request: web.Request) -> web.Response:
-        return web.Response(text="ready\n") if self._ready() else web.Response(status=503, text="not ready\n")
+        reasons = self._not_ready()
+        if not reasons:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready:\n" + "".join(f"- {reason}\n" for reason in reasons))

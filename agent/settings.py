@@ -7,17 +7,18 @@ plus the conventional `NODE_NAME` and `KUBECONFIG`. Errors name the setting, the
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from agent.api_names import is_dns_label, is_driver_name, is_node_name
 
-__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "load_settings"]
+__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings"]
 
 ENV_PREFIX = "DRA_AGENT_"
 
@@ -46,10 +47,14 @@ class Settings(BaseModel):
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
     host_root: Path = Path("/")
-    """Where the host's file system is seen (e.g. /host in a container): driver libraries are found there."""
+    """Where the host's file system is seen (e.g. /host in a container): the boot id and host files are read there."""
     host_netns: str = "auto"
     """The network namespace to open the link and uevent sockets in: "auto" (the host's, `<host_root>/proc/1/ns/net`,
     entered when the agent runs in another), "off" (the agent's own), or the path of a namespace file."""
+    driver_root: Path | None = None
+    """Where the GPU driver's user-space files (libraries, binaries) are seen, below `host_root`: `host_root`
+    itself (the default) for a driver installed on the host, `<host_root>/run/nvidia/driver` for the GPU
+    operator's driver container. The container runtime on the host sees them at the part below `host_root`."""
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     """Where the kubelet looks for plugin registration sockets."""
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
@@ -86,6 +91,21 @@ class Settings(BaseModel):
     def _node_name(cls, v: str | None) -> str | None:
         if v is not None and not is_node_name(v):
             raise ValueError("must be a valid node name: lower-case letters, digits, '-' and '.', at most 253")
+        return v
+
+    @field_validator("driver_root")
+    @classmethod
+    def _driver_root(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None:
+            return v
+        if not v.is_absolute():
+            raise ValueError("must be an absolute path, e.g. /host or /host/run/nvidia/driver")
+        host = info.data.get("host_root")
+        # A simulated node brings its own host root, known only once the node is open (agent.host checks there).
+        if info.data.get("simulate") is None and isinstance(host, Path) and not lies_under(v, host):
+            raise ValueError(f"must lie under host_root {host}: the container runtime on the host finds the "
+                             "driver's files at the part of this path below host_root (e.g. host_root /host, "
+                             "driver_root /host/run/nvidia/driver → /run/nvidia/driver on the host)")
         return v
 
     @field_validator("pod_uid")
@@ -135,9 +155,21 @@ class Settings(BaseModel):
                 raise ValueError(f"{new!r} is not a valid DRA driver name (a DNS subdomain of at most 63)")
         return v
 
+    @property
+    def effective_driver_root(self) -> Path:
+        """`driver_root`, or `host_root` when unset."""
+        return self.driver_root if self.driver_root is not None else self.host_root
+
     def driver_name(self, default: str) -> str:
         """The driver name to publish under for a backend whose default driver name is `default`."""
         return self.driver_names.get(default, default)
+
+
+def lies_under(path: Path, root: Path) -> bool:
+    """Whether `path` is `root` or below it, by their names (`..` taken into account, links not followed: the
+    container runtime on the host knows nothing of this process's links)."""
+    inner, outer = os.path.normpath(path), os.path.normpath(root)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def load_settings(

@@ -42,6 +42,7 @@ __all__ = [
     "LinkEvents",
     "PrepareError",
     "Prepared",
+    "Unserved",
     "Version",
     "is_semver",
 ]
@@ -129,19 +130,34 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Unserved:
+    """Hardware a backend knows is on the node but cannot serve at all, and why: e.g. NVIDIA GPUs in sysfs whose
+    driver's NVML library cannot be loaded. Unlike a warning about one device (left out, an attribute dropped),
+    this is an error an operator must act on: the core logs it as one, counts it in the metric
+    `dra_agent_unserved_devices` and answers /readyz with 503 and the reason until a discovery no longer reports
+    it. A backend reporting it should look again by itself (and yield `DevicesChanged` once it can serve them)."""
+
+    devices: tuple[str, ...]
+    """How an operator finds the hardware, e.g. PCI addresses."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class Inventory:
-    """What a backend owns right now, plus what it could not discover and why."""
+    """What a backend owns right now, plus what it could not discover and why: `warnings` about single devices or
+    attributes, `unserved` for hardware it cannot serve at all."""
 
     devices: tuple[Device, ...] = ()
     counter_sets: tuple[CounterSet, ...] = ()
     warnings: tuple[str, ...] = ()
+    unserved: tuple[Unserved, ...] = ()
 
 
 @dataclass(frozen=True)
 class BackendContext:
     """Everything a backend may use from the host: where sysfs, /dev and the host's files are, topology, its
     config, a logger. Container edits name host paths as the container runtime sees them (e.g. /dev/nvidia0,
-    /usr/lib/...), found by the backend under these roots."""
+    /usr/lib/...), found by the backend under these roots: a file seen at `host_root / p` is `/p` on the host."""
 
     sysfs_root: Path
     dev_root: Path
@@ -158,6 +174,10 @@ class BackendContext:
     state_dir: Path | None = None
     """A directory of the backend's own for records that must outlive the process (what it created on the
     hardware); None in one-off commands such as `discover`, which change nothing."""
+    driver_root: Path = field(kw_only=True)
+    """Where the accelerator vendor's driver user-space files (libraries, binaries, its own /dev when it has one)
+    are seen: `host_root` for a driver installed on the host, or a folder below it (e.g.
+    `<host_root>/run/nvidia/driver`, a driver container's root). Only the NVIDIA backends use it today."""
 
 
 @dataclass(frozen=True)

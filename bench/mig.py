@@ -4,8 +4,9 @@
 1. the kubelet's prepare of a claim for one 1g.10gb MIG device at a given placement (the agent creates the GPU
    instance and compute instance, records them, writes the CDI spec and the checkpoint) and its unprepare
    (destroys them), `--cycles` times over the placements of all GPUs;
-2. the same NVML work done directly in this process on an identical simulated node: list the profiles once,
-   then create GPU instance + compute instance, and destroy them, `--cycles` times.
+2. the same NVML work done directly in this process on an identical simulated node (through the node's NVML
+   library, served from the node's kernel process as for the agent): list the profiles once, then create GPU
+   instance + compute instance, and destroy them, `--cycles` times.
 
 Overheads beyond NVML, call by call, beside the time the agent spent in the NVML calls of that call (create GPU
 instance, create compute instance, destroy, and the lookups), timed inside the agent (bench/agent_timing.py):
@@ -34,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletSimulator
-from backends.nvidia.nvml import nvml_session
+from backends.nvidia.driver_root import DriverRoot
+from backends.nvidia.nvml import nvml_session, use_driver_root
 from backends.nvidia.nvml_mig import create_compute_instance, create_gpu_instance, destroy_mig
 from backends.simulation.node import simulated_node
 from backends.simulation.profile import load_profile
@@ -71,18 +73,21 @@ def ms(values: list[float]) -> str:
 
 
 def nvml_only(profile: Path, cycles: int) -> tuple[list[float], list[float]]:
-    """The NVML part of making and unmaking a 1g.10gb device, timed directly."""
+    """The NVML part of making and unmaking a 1g.10gb device, timed directly: through the node's NVML library,
+    served from the node's kernel process as for the agent."""
     make, unmake = [], []
-    with simulated_node(str(profile)), nvml_session():
-        for i in range(cycles):
-            bus_id, start = BUS_IDS[i % len(BUS_IDS)], i % 7
-            began = time.perf_counter()
-            gi = create_gpu_instance(bus_id, 19, start, 1)
-            create_compute_instance(bus_id, gi, 1)
-            made = time.perf_counter()
-            destroy_mig(bus_id, gi)
-            make.append(made - began)
-            unmake.append(time.perf_counter() - made)
+    with simulated_node(str(profile), kernel_process=True) as node:
+        use_driver_root(DriverRoot(node.root, node.driver_root, node.dev))  # as the NVIDIA backends do
+        with nvml_session():
+            for i in range(cycles):
+                bus_id, start = BUS_IDS[i % len(BUS_IDS)], i % 7
+                began = time.perf_counter()
+                gi = create_gpu_instance(bus_id, 19, start, 1)
+                create_compute_instance(bus_id, gi, 1)
+                made = time.perf_counter()
+                destroy_mig(bus_id, gi)
+                make.append(made - began)
+                unmake.append(time.perf_counter() - made)
     return make, unmake
 
 

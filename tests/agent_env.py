@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pynvml
-
 from agent.daemon import Agent
 from agent.host import open_host
 from agent.kube import KubeClient
@@ -31,6 +29,7 @@ from agent.settings import Settings
 from agent.testing.apiserver import TestApiServer
 from agent.testing.kubelet import KubeletSimulator, Plugin
 from backends.contract import ClaimRef
+from backends.simulation.node_services import served_nvml
 from backends.simulation.nvml import SimulatedNvml
 from tests.timing import scaled
 
@@ -85,6 +84,8 @@ def flags_for(settings: Settings) -> list[str]:
         value = getattr(settings, name)
         if value != Settings.model_fields[name].default:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    if settings.driver_root:
+        flags += ["--driver-root", str(settings.driver_root)]
     return flags
 
 
@@ -215,10 +216,9 @@ async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plu
     return plugin
 
 
-def simulated_nvml() -> SimulatedNvml:
-    """The simulated NVML an in-process agent's node plugged in under pynvml."""
-    assert isinstance(pynvml.nvmlLib, SimulatedNvml)
-    return pynvml.nvmlLib
+def simulated_nvml(env: InProcess) -> SimulatedNvml:
+    """The NVML state of the node an in-process agent runs on (served from this process)."""
+    return served_nvml(env.agent.host.host_root)
 
 
 def free_port() -> int:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from backends.nvidia.driver_root import DriverRoot
+from backends.nvidia.nvml import use_driver_root
 from backends.simulation.node import SimulatedNode, simulated_node
 from tests.agent_env import memory_dir
 
@@ -25,12 +27,15 @@ def scratch() -> Iterator[Path]:
 
 @pytest.fixture
 def sim_node(scratch: Path) -> Iterator[Callable[[str], SimulatedNode]]:
-    """Build simulated nodes by profile name or path; each is torn down (NVML uninstalled) after the test."""
+    """Build simulated nodes by profile name or path, served from this process until the end of the test. NVML
+    is loaded from the driver root of the last one built, as an NVIDIA backend started on it would load it."""
     with ExitStack() as stack:
 
         def build(profile: str) -> SimulatedNode:
             root = scratch / f"node{len(os.listdir(scratch))}"
-            return stack.enter_context(simulated_node(profile, root))
+            node = stack.enter_context(simulated_node(profile, root))
+            use_driver_root(DriverRoot(node.root, node.driver_root, node.dev))
+            return node
 
         yield build
 

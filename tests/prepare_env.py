@@ -102,7 +102,7 @@ class PrepareEnv:
 async def prepare_env(node: SimulatedNode, root: Path, backends: tuple[str, ...] | None = None) -> PrepareEnv:
     found, _ = find_plugins()
     loaded, _ = load_plugins(found, backends)
-    host = Host(node.sysfs, node.dev, node.root, node.profile.name)
+    host = Host(node.sysfs, node.dev, node.root, node.profile.name, driver_root=node.driver_root)
     started, errors = await start_all(loaded, host, lambda name: {})
     assert not errors, errors
     reports = await discover_all(started, lambda driver: driver)

@@ -44,7 +44,7 @@ async def test_an_admin_claim_and_a_workload_share_a_gpu_in_either_order(scratch
     async with agent_in_process(scratch, "dgx-h100", backends=("nvidia-gpu",)) as env, \
             KubeletSimulator(env.settings.registry_dir) as kubelet:
         plugin = await kubelet.wait_for_plugin(GPU)
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         # The monitoring pod's class carries a sharing config too: admin access never applies it.
         monitor = allocate(env.server, "monitor", [("dev", GPU, DEVICE)], config(GPU, EXCLUSIVE), admin=True)
         workload = allocate(env.server, "train", [("dev", GPU, DEVICE)], config(GPU, EXCLUSIVE))

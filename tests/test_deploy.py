@@ -31,7 +31,7 @@ from agent.kube import KubeClient
 from agent.metrics import Metrics, MetricsServer
 from agent.plugins import find_plugins, load_plugins
 from agent.quantity import parse_quantity
-from agent.settings import Settings, load_settings
+from agent.settings import Settings, SettingsError, load_settings
 from agent.testing.apiserver import TestApiServer
 from agent.udev import DEFAULT_SOURCE
 from backends.contract import ClaimRef
@@ -328,6 +328,22 @@ def test_host_views_are_the_hosts() -> None:
         assert not mount.get("readOnly"), f"{setting}: the agent writes there"
 
 
+def test_the_driver_root_is_the_hosts_root_or_the_driver_containers() -> None:
+    container = _container()
+    settings = _agent_settings(container)
+    assert settings.driver_root == settings.host_root, "a driver installed on the host: explicit, not a default"
+    mount, host_path = _host_path_at(settings.effective_driver_root)
+    assert host_path["path"] == "/" and mount.get("mountPropagation") == "HostToContainer"
+    # The value the manifest's comment gives for the GPU operator's driver container is accepted, and names
+    # /run/nvidia/driver on the host, where the operator mounts the driver container's root.
+    args = [a for a in container["args"] if not a.startswith("--driver-root")]
+    assert "set /host/run/nvidia/driver" in (DEPLOY / "20-daemonset.yaml").read_text()
+    operator = _agent_settings({**container, "args": [*args, "--driver-root=/host/run/nvidia/driver"]})
+    assert "/" + str(operator.effective_driver_root.relative_to(operator.host_root)) == "/run/nvidia/driver"
+    with pytest.raises(SettingsError, match="must lie under host_root /host"):
+        _agent_settings({**container, "args": [*args, "--driver-root=/run/nvidia/driver"]})
+
+
 def test_volume_mounts_and_volumes_match() -> None:
     mounts = _container()["volumeMounts"]
     volumes = _volumes()
@@ -364,7 +380,7 @@ def test_probes_use_the_metrics_endpoint() -> None:
 
 async def test_probe_paths_are_served_by_the_agent() -> None:
     container = _container()
-    server = MetricsServer("127.0.0.1:0", Metrics(), lambda: True)
+    server = MetricsServer("127.0.0.1:0", Metrics(), lambda: ())
     await server.start()
     try:
         async with aiohttp.ClientSession() as client:

@@ -6,7 +6,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import structlog
+
+from backends.contract import Inventory
+from backends.nvidia.common import nvidia_gpus_in_sysfs, read_nvml
 from backends.simulation.node import SimulatedNode
+from backends.vfio_sysfs import Deadline, Rebinder
 from tests.conftest import CliResult
 from tests.slice_checks import assert_valid_slices
 
@@ -123,3 +128,39 @@ def test_backend_config_errors_name_the_backend(run_cli: Callable[..., CliResult
     assert result.code == 0, "one misconfigured backend does not stop the others"
     assert "invalid configuration for backend nvidia-mig: mode" in result.err
     assert names(result.out, "tpu.google.com")
+
+
+def test_nvidia_gpus_without_nvml_are_unserved_and_a_node_without_them_is_quiet(
+        sim_node: Callable[[str], SimulatedNode], scratch: Path) -> None:
+    profile = scratch / "no-driver.yaml"
+    profile.write_text("name: no-driver\nnvidia: {installed: false}\nroot_complexes:\n  - ports:\n"
+                       "      - gpu: {model: Tesla-T4}\n        count: 3\n"
+                       "      - pci: {vendor: 0x10de, device: 0x1ad6, class_code: 0x0c0330}\n")  # NVIDIA, but USB
+    node = sim_node(str(profile))
+    gpus = [g.bus_id for g in node.plan.gpus]
+    Rebinder(node.sysfs).to_vfio(gpus[0], Deadline(10))  # passed through: NVML would not serve it anyway
+    assert nvidia_gpus_in_sysfs(node.sysfs) == gpus[1:]
+    inventory = read_nvml(structlog.get_logger(), node.sysfs, lambda *_: Inventory())
+    (unserved,) = inventory.unserved
+    assert unserved.devices == tuple(gpus[1:]) and inventory.devices == ()
+    assert f"no loadable libnvidia-ml.so.1 in the driver root {node.root}" in unserved.reason
+    assert "--driver-root" in unserved.reason
+
+    quiet = sim_node("tpu-v5e-8")
+    assert read_nvml(structlog.get_logger(), quiet.sysfs, lambda *_: Inventory()) == Inventory()
+
+
+def test_backends_says_why_gpus_cannot_be_served(run_cli: Callable[..., CliResult], scratch: Path) -> None:
+    profile = scratch / "container.yaml"
+    profile.write_text("name: container\nnvidia: {layout: container}\nroot_complexes:\n  - ports:\n"
+                       "      - gpu: {model: L4}\n")
+    # The driver is in a driver container's root, and the agent is not told: its GPU cannot be served.
+    result = run_cli("backends", "--simulate", str(profile), "--sim-root", str(scratch / "node"), "-o", "json")
+    assert result.code == 0
+    (row,) = [r for r in json.loads(result.out) if r["name"] == "nvidia-gpu"]
+    assert row["status"].startswith("cannot serve 1 device(s): NVIDIA GPUs are on the node but NVML cannot be used")
+    assert f"{scratch / 'node'}/usr/lib64/libnvidia-ml.so.1: not found" in row["status"]
+    told = run_cli("backends", "--simulate", str(profile), "--sim-root", str(scratch / "node"), "-o", "json",
+                   "--driver-root", str(scratch / "node/run/nvidia/driver"))
+    (row,) = [r for r in json.loads(told.out) if r["name"] == "nvidia-gpu"]
+    assert row["status"] == "1 device(s)"

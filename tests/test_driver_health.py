@@ -12,6 +12,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from agent.checkpoint import read_boot_id
@@ -21,7 +22,7 @@ from agent.inventory import BackendReport
 from agent.kube import KubeClient
 from agent.kubelet_api import HealthStatus
 from agent.logs import get_logger
-from agent.metrics import Metrics
+from agent.metrics import Metrics, MetricsServer
 from agent.plugins import FoundPlugin, LoadedPlugin
 from agent.publisher import Publisher
 from agent.testing.apiserver import TestApiServer
@@ -36,6 +37,7 @@ from backends.contract import (
     HealthEvent,
     Inventory,
     Prepared,
+    Unserved,
 )
 from cdi.spec import ContainerEdits, DeviceNode
 from tests.agent_env import NODE, allocate, settings_for, wait_until
@@ -51,6 +53,7 @@ class ScriptedBackend:
 
     def __init__(self, devices: Sequence[str]) -> None:
         self.devices = list(devices)
+        self.unserved: list[Unserved] = []
         self.events: asyncio.Queue[HealthEvent | DevicesChanged | Exception] = asyncio.Queue()
         self.streams = 0
 
@@ -58,7 +61,8 @@ class ScriptedBackend:
         pass
 
     async def discover(self) -> Inventory:
-        return Inventory(tuple(Device(d, attributes={"index": i}) for i, d in enumerate(self.devices)))
+        return Inventory(tuple(Device(d, attributes={"index": i}) for i, d in enumerate(self.devices)),
+                         unserved=tuple(self.unserved))
 
     async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
         self.streams += 1
@@ -111,7 +115,8 @@ async def report(backend: ScriptedBackend) -> BackendReport:
 async def make_env(scratch: Path) -> AsyncIterator[Callable[..., Any]]:
     async with AsyncExitStack() as stack:
 
-        async def make(devices: Sequence[str] = ("dev-0", "dev-1", "dev-2"), **settings: Any) -> Env:
+        async def make(devices: Sequence[str] = ("dev-0", "dev-1", "dev-2"), unserved: Sequence[Unserved] = (),
+                       **settings: Any) -> Env:
             server = await stack.enter_async_context(TestApiServer())
             server.add_node(NODE)
             config = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "gke-g2-l4",
@@ -122,6 +127,7 @@ async def make_env(scratch: Path) -> AsyncIterator[Callable[..., Any]]:
             publisher = Publisher(kube, NODE, get_logger("publisher"), metrics)
             stack.push_async_callback(publisher.stop)
             backend = ScriptedBackend(devices)
+            backend.unserved = list(unserved)
             instances = Instances(config.state_dir).register(config.pod_uid)
             stack.callback(instances.close)
             setup = DriverSetup(config, NODE, kube, publisher, metrics, read_boot_id(Path("/proc")), instances)
@@ -242,6 +248,36 @@ async def test_a_dormant_driver_starts_serving_when_devices_appear(make_env: Cal
     plugin = await env.plugin()
     claim = allocate(env.server, "train", [("accel", DRIVER, "dev-0")])
     assert (await plugin.prepare([claim]))[claim.uid].error == ""
+
+
+def unserved_count(env: Env) -> float | None:
+    labels = {"driver": DRIVER, "backend": "scripted"}
+    return env.metrics.registry.get_sample_value("dra_agent_unserved_devices", labels)
+
+
+async def test_hardware_a_backend_cannot_serve_is_reported_until_it_can(make_env: Callable[..., Any]) -> None:
+    why = Unserved(("0000:3b:00.0", "0000:86:00.0"), "the driver's library cannot be loaded")
+    # Said twice (as two backends of one driver may say the same of the same GPUs): one line, every device counted.
+    env: Env = await make_env(devices=(), unserved=[why, why])
+    line = f"{DRIVER}: 2 device(s) cannot be served (0000:3b:00.0, 0000:86:00.0): the driver's library cannot be loaded"
+    assert env.driver.unserved() == [line]
+    assert unserved_count(env) == 4
+    env.backend.unserved = [why]
+    env.backend.events.put_nowait(DevicesChanged("looked again"))
+    await wait_until(lambda: unserved_count(env) == 2, 5)
+    env.backend.unserved, env.backend.devices = [], ["dev-0"]
+    env.backend.events.put_nowait(DevicesChanged("the driver is there"))
+    await wait_until(lambda: env.published() == ["dev-0"], 5)
+    assert env.driver.unserved() == []
+    assert unserved_count(env) == 0
+
+    server = MetricsServer("127.0.0.1:0", env.metrics, lambda: ["starting", line])
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{server.port}/readyz") as response:
+            assert (response.status, await response.text()) == (503, f"not ready:\n- starting\n- {line}\n")
+    finally:
+        await server.stop()
 
 
 async def test_events_for_devices_of_others_are_ignored(make_env: Callable[..., Any]) -> None:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from agent.testing.kubelet import KubeletError, KubeletSimulator
+from backends.nvidia.nvml import nvml_session
 from backends.simulation.node import SimulatedNode
 from tests.agent_env import (
     agent_in_process,
@@ -60,7 +61,7 @@ def mode_on_node(sim_root: Path, bus_id: str = BUS_ID) -> int:
 async def test_sharing_sets_the_compute_mode_and_unprepare_puts_the_old_one_back(
         scratch: Path, before: int, sharing: dict[str, str], during: int) -> None:
     async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         nvml.set_compute_mode(0, before)  # as an operator's `nvidia-smi -c` left it
         plugin = await kubelet.wait_for_plugin(GPU)
         claim = allocate(env.server, "shared", [("gpu", GPU, DEVICE)], gpu_config(sharing))
@@ -81,7 +82,7 @@ async def test_sharing_sets_the_compute_mode_and_unprepare_puts_the_old_one_back
 
 async def test_without_sharing_the_compute_mode_is_left_as_it_is(scratch: Path) -> None:
     async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         nvml.set_compute_mode(0, EXCLUSIVE_PROCESS)
         plugin = await kubelet.wait_for_plugin(GPU)
         claim = allocate(env.server, "plain", [("gpu", GPU, DEVICE)])
@@ -107,7 +108,7 @@ async def test_invalid_sharing_fails_the_claim_naming_the_field(scratch: Path, s
         claim = allocate(env.server, "bad", [("gpu", GPU, DEVICE)], gpu_config(sharing))
         error = (await plugin.prepare([claim]))[claim.uid].error
         assert message in error
-        assert simulated_nvml().compute_mode(0) == DEFAULT
+        assert simulated_nvml(env).compute_mode(0) == DEFAULT
         assert journal(env.settings.state_dir) == {}
 
 
@@ -119,13 +120,13 @@ async def test_an_admin_access_claim_never_changes_the_compute_mode(scratch: Pat
         stored["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
         env.server.put_claim(stored)
         assert (await plugin.prepare([claim]))[claim.uid].error == ""
-        assert simulated_nvml().compute_mode(0) == DEFAULT
+        assert simulated_nvml(env).compute_mode(0) == DEFAULT
         assert journal(env.settings.state_dir) == {}
 
 
 async def test_a_compute_mode_nvml_refuses_fails_the_claim_and_leaves_no_record(scratch: Path) -> None:
     async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         nvml.gpus[0].faults["nvmlDeviceSetComputeMode"] = pynvml.NVML_ERROR_NO_PERMISSION
         plugin = await kubelet.wait_for_plugin(GPU)
         claim = allocate(env.server, "shared", [("gpu", GPU, DEVICE)], gpu_config(EXCLUSIVE))
@@ -145,7 +146,7 @@ async def test_sharing_on_a_mig_device_time_slices_as_it_is_and_refuses_exclusiv
         assert f"{mig}: sharing strategy ExclusiveProcess needs a full GPU; a MIG device has no compute mode" in error
         shared = allocate(env.server, "sliced", [("gpu", GPU, mig)], gpu_config(TIME_SLICING))
         assert (await plugin.prepare([shared]))[shared.uid].error == ""
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         assert [nvml.compute_mode(i) for i in range(len(nvml.gpus))] == [DEFAULT] * len(nvml.gpus)
         assert journal(env.settings.state_dir, "nvidia-mig") == {}
 
@@ -198,8 +199,7 @@ async def test_at_start_a_mode_set_for_a_claim_no_longer_held_is_put_back(scratc
 def test_the_simulated_compute_mode_is_per_gpu_not_per_mig_device_and_outlives_the_process(
         sim_node: Callable[[str], SimulatedNode]) -> None:
     node = sim_node("mixed")
-    pynvml.nvmlInit()
-    try:
+    with nvml_session():
         gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
         assert pynvml.nvmlDeviceGetComputeMode(gpu) == DEFAULT
         pynvml.nvmlDeviceSetComputeMode(gpu, EXCLUSIVE_PROCESS)
@@ -214,7 +214,5 @@ def test_the_simulated_compute_mode_is_per_gpu_not_per_mig_device_and_outlives_t
             pynvml.nvmlDeviceGetComputeMode(mig)
         with pytest.raises(pynvml.NVMLError_NotSupported):
             pynvml.nvmlDeviceSetComputeMode(mig, DEFAULT)
-    finally:
-        pynvml.nvmlShutdown()
     again = SimulatedNode.open(node.profile, node.root)  # a restarted agent's view of the same node
     assert [g.compute_mode for g in again.nvml.gpus][:2] == [EXCLUSIVE_PROCESS, DEFAULT]

@@ -149,7 +149,7 @@ async def test_sriov_reads_the_link_again_when_rtnetlink_says_so(sim_node: Calla
     links = Links()
     backend = SriovNicBackend()
     ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {},
-                         structlog.get_logger("sriov-nic"), links=links)
+                         structlog.get_logger("sriov-nic"), links=links, driver_root=node.driver_root)
     await backend.start(ctx)
     vfs = sorted(device_name("vf", vf.bus_id) for vf in nic.vfs)
     assert len(vfs) == 4 and set(vfs) <= {d.name for d in (await backend.discover()).devices}

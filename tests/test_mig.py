@@ -235,7 +235,8 @@ async def test_a_gpu_waiting_for_a_reset_to_leave_mig_mode_is_not_partitioned(
         assert pynvml.nvmlDeviceSetMigMode(handle, 0) == pynvml.NVML_ERROR_RESET_REQUIRED
     backend = NvidiaMigBackend()
     await backend.start(BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs),
-                                       {"mode": "dynamic"}, structlog.get_logger("nvidia-mig")))
+                                       {"mode": "dynamic"}, structlog.get_logger("nvidia-mig"),
+                                       driver_root=node.driver_root))
     inventory = await backend.discover()
     assert inventory.devices == () and inventory.counter_sets == ()
     assert any("MIG mode change pending a GPU reset" in w for w in inventory.warnings)

@@ -58,7 +58,7 @@ async def test_the_whole_gpu_leaves_mig_mode_for_its_claim_and_comes_back(scratc
     profile = dgx_h100_in_mig_mode(scratch)
     async with agent_in_process(scratch, str(profile), backend_config=DYNAMIC) as env, \
             KubeletSimulator(env.settings.registry_dir) as kubelet:
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         plugin = await kubelet.wait_for_plugin(GPU)
         before, problems = await rediscover(env)
         assert WHOLE in before["nvidia-mig"] and len(before["nvidia-mig"]) == 8 * 26 and problems == []
@@ -96,7 +96,7 @@ async def test_an_ampere_gpu_would_need_a_reset_and_is_refused(scratch: Path) ->
     async with agent_in_process(scratch, "mixed", backend_config=DYNAMIC) as env, \
             KubeletSimulator(env.settings.registry_dir) as kubelet:
         plugin = await kubelet.wait_for_plugin(GPU)
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         index = nvml.gpu_index("0000:07:00.0")  # the A100
         for instance in nvml.instances(index):  # even without MIG devices
             nvml.destroy_instance(index, instance.gi)
@@ -112,7 +112,7 @@ async def test_a_pending_mode_change_mig_devices_or_processes_refuse_the_whole_g
     async with agent_in_process(scratch, str(profile), backend_config=DYNAMIC) as env, \
             KubeletSimulator(env.settings.registry_dir) as kubelet:
         plugin = await kubelet.wait_for_plugin(GPU)
-        nvml = simulated_nvml()
+        nvml = simulated_nvml(env)
         # The profile's first switch entry stands for GPUs 0000:18:00.0 and 0000:1c:00.0: both hold an operator's
         # MIG device.
         _, error = await prepare(plugin, env, "with-mig", "gpu-0000-1c-00-0")
@@ -210,7 +210,7 @@ async def test_an_admin_access_claim_of_the_whole_gpu_leaves_its_mig_mode_alone(
         assert (await plugin.prepare([claim]))[claim.uid].error == ""
         spec = yaml.safe_load(next(env.settings.cdi_dir.glob(f"*{claim.uid}*")).read_text())
         assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
-        assert simulated_nvml().mig_mode(0) == (True, True)
+        assert simulated_nvml(env).mig_mode(0) == (True, True)
         assert whole_journal(env.settings.state_dir) == {}
         assert (await plugin.unprepare([claim]))[claim.uid] == ""
-        assert simulated_nvml().mig_mode(0) == (True, True)
+        assert simulated_nvml(env).mig_mode(0) == (True, True)

@@ -99,7 +99,7 @@ async def watching(node: SimulatedNode, *kinds: type[Nvidia], **config: Any) -> 
     w = Watching(node, backends, udev, registry)
     for backend in backends:
         ctx = BackendContext(node.sysfs, node.dev, node.root, topology, config, structlog.get_logger(backend.name),
-                             udev, registry)
+                             udev, registry, driver_root=node.driver_root)
         await backend.start(ctx)
         w.devices[backend.name] = [d.name for d in (await backend.discover()).devices]
 
@@ -224,7 +224,8 @@ async def test_a_gpu_that_cannot_report_events_is_unmonitored_from_the_start(
 
 async def test_a_gpu_lost_before_watching_begins_is_reported_at_once(t4x2: SimulatedNode) -> None:
     backend = NvidiaGpuBackend()
-    ctx = BackendContext(t4x2.sysfs, t4x2.dev, t4x2.root, TopologyReader(t4x2.sysfs), {}, structlog.get_logger())
+    ctx = BackendContext(t4x2.sysfs, t4x2.dev, t4x2.root, TopologyReader(t4x2.sysfs), {}, structlog.get_logger(),
+                         driver_root=t4x2.driver_root)
     await backend.start(ctx)
     assert len((await backend.discover()).devices) == 2
     t4x2.nvml.set_lost(0)  # after discovery published it
@@ -268,7 +269,8 @@ async def test_a_lost_gpu_stays_published_through_a_rediscovery_until_its_reset(
 async def test_a_gpu_lost_before_the_first_discovery_is_left_out_with_the_reason(t4x2: SimulatedNode) -> None:
     t4x2.nvml.set_lost(0)
     backend = NvidiaGpuBackend()
-    ctx = BackendContext(t4x2.sysfs, t4x2.dev, t4x2.root, TopologyReader(t4x2.sysfs), {}, structlog.get_logger())
+    ctx = BackendContext(t4x2.sysfs, t4x2.dev, t4x2.root, TopologyReader(t4x2.sysfs), {}, structlog.get_logger(),
+                         driver_root=t4x2.driver_root)
     await backend.start(ctx)
     try:
         inventory = await backend.discover()
@@ -381,7 +383,8 @@ async def test_no_nvml_work_but_waiting_while_all_is_healthy(t4x2: SimulatedNode
 
 async def test_health_ends_when_the_backend_stops_even_unread(t4x2: SimulatedNode) -> None:
     backend = NvidiaGpuBackend()
-    ctx = BackendContext(t4x2.sysfs, t4x2.dev, t4x2.root, TopologyReader(t4x2.sysfs), {}, structlog.get_logger())
+    ctx = BackendContext(t4x2.sysfs, t4x2.dev, t4x2.root, TopologyReader(t4x2.sysfs), {}, structlog.get_logger(),
+                         driver_root=t4x2.driver_root)
     await backend.start(ctx)
     await backend.discover()
     stream = backend.health()

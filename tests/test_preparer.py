@@ -301,11 +301,19 @@ async def test_without_driver_files_a_gpu_gets_device_nodes_only(sim_node: Calla
     from structlog.testing import capture_logs
 
     node = sim_node("gke-n1-t4x2")
-    shutil.rmtree(node.root / "usr")  # a host whose driver files are not where the agent looks
+    # A driver with NVML and nothing else: the video libraries a claim asks for are not there.
+    libraries = node.driver_root / "usr/lib/x86_64-linux-gnu"
+    for path in libraries.iterdir():
+        if not path.name.startswith(("libnvidia-ml.", ".")):
+            path.unlink()
+    shutil.rmtree(node.root / "usr/bin")
+    video = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": GPU, "parameters": {
+        "apiVersion": "dra-agent.io/v1alpha1", "kind": "GpuConfig", "driverCapabilities": ["video"]}}}]
     env = await prepare_env(node, scratch, ("nvidia-gpu",))
     try:
         preparer = env.preparer(GPU)
-        refs = [env.claims.add(f"c{i}", [("gpu", GPU, gpu)]) for i, gpu in enumerate(env.devices(GPU))]
+        assert env.devices(GPU)
+        refs = [env.claims.add(f"c{i}", [("gpu", GPU, gpu)], video) for i, gpu in enumerate(env.devices(GPU))]
         with capture_logs() as logs:
             for ref in refs:
                 assert (await preparer.prepare([ref]))[ref.uid].error == ""

@@ -95,3 +95,33 @@ def test_cli_reads_config_file_from_env(run_cli, scratch: Path, monkeypatch: pyt
     result = run_cli("discover", "--simulate", "gke-g2-l4", "-o", "json")
     assert result.code == 0
     assert '"nodeName": "via-config"' in result.out
+
+
+def test_driver_root_defaults_to_the_host_root_and_lies_under_it() -> None:
+    assert load_settings({}, {}).effective_driver_root == Path("/")
+    assert load_settings({"host_root": Path("/host")}, {}).effective_driver_root == Path("/host")
+    operator = load_settings({"host_root": Path("/host")}, {"DRA_AGENT_DRIVER_ROOT": "/host/run/nvidia/driver"})
+    assert operator.effective_driver_root == Path("/host/run/nvidia/driver")
+    assert load_settings({"host_root": Path("/host"), "driver_root": Path("/host/")}, {}).driver_root == Path("/host")
+
+
+@pytest.mark.parametrize("driver_root", ["/run/nvidia/driver", "/hostile", "/host/../etc", "/host/run/../../x"])
+def test_a_driver_root_outside_the_host_root_is_refused(driver_root: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"host_root": Path("/host"), "driver_root": Path(driver_root)}, {})
+    text = str(caught.value)
+    assert f"driver_root = PosixPath('{driver_root}') (from flag --driver-root): must lie under host_root /host" in text
+
+
+def test_a_relative_driver_root_is_refused(scratch: Path) -> None:
+    config = write(scratch / "agent.yaml", "driver_root: run/nvidia/driver\n")
+    with pytest.raises(SettingsError, match=f"driver_root .* \\(from config file {config}\\): must be an absolute"):
+        load_settings({}, {}, config)
+
+
+def test_a_simulated_node_checks_its_driver_root_when_open(run_cli, scratch: Path) -> None:  # type: ignore[no-untyped-def]
+    # The node's root (its host root) is known only once it is open: the refusal comes from there.
+    result = run_cli("discover", "--simulate", "gke-g2-l4", "--sim-root", str(scratch / "node"),
+                     "--driver-root", "/run/nvidia/driver")
+    assert result.code == 2
+    assert f"driver_root /run/nvidia/driver must lie under the simulated node's root {scratch / 'node'}" in result.err

@@ -14,6 +14,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from backends.nvidia.driver_root import DriverRoot
+from backends.nvidia.nvml import nvml_session, use_driver_root
 from backends.simulation.kernel_process import KernelProcess, KernelProcessError
 from backends.simulation.node import simulated_node
 from backends.simulation.profile import load_profile
@@ -34,11 +36,9 @@ def test_the_kernel_process_reacts_to_writes_as_the_thread_does(scratch: Path) -
         assert driver(node.sysfs, GPU_BDF) == VFIO_PCI
         group = os.path.basename(os.readlink(node.sysfs / "bus/pci/devices" / GPU_BDF / "iommu_group"))
         assert (node.dev / "vfio" / group).exists()
-        pynvml.nvmlInit()
-        try:
+        use_driver_root(DriverRoot(node.root, node.driver_root, node.dev))
+        with nvml_session():  # the node's library: its calls are served by the kernel process
             assert pynvml.nvmlDeviceGetCount() == 7, "NVML in this process sees what the kernel process did"
-        finally:
-            pynvml.nvmlShutdown()
         rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
         assert driver(node.sysfs, GPU_BDF) == "nvidia"
 
@@ -89,3 +89,58 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_second_opener_attaches_and_the_kernel_lives_while_anyone_is_attached(scratch: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from backends.simulation import kernel_process\n"
+        "from backends.simulation.node import simulated_node\n"
+        "started = []\n"
+        "real = kernel_process.KernelProcess.start\n"
+        "def start(self):\n"
+        "    started.append(real(self))\n"
+        "    return started[-1]\n"
+        "kernel_process.KernelProcess.start = start\n"
+        "with simulated_node('dgx-h100', Path(sys.argv[1]), kernel_process=True):\n"
+        "    print(started[0].pid, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    root = scratch / "node"
+    with subprocess.Popen([sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE,
+                          cwd=Path(__file__).resolve().parent.parent) as starter:
+        try:
+            assert starter.stdout is not None
+            kernel = int(starter.stdout.readline())
+            with simulated_node("dgx-h100", root) as node:
+                assert node.served_elsewhere
+                assert not any(t.name.startswith("simulated-kernel") for t in threading.enumerate())
+                with pytest.raises(RuntimeError, match="served by another process"):
+                    node.nvml  # noqa: B018 - the GPU state lives in the kernel process
+                starter.send_signal(signal.SIGKILL)
+                starter.wait()
+                time.sleep(0.5)
+                assert _alive(kernel), "this process is attached: the kernel serves it on"
+                use_driver_root(DriverRoot(node.root, node.driver_root, node.dev))
+                with nvml_session():
+                    assert pynvml.nvmlDeviceGetCount() == 8
+                rebinder = Rebinder(node.sysfs)
+                rebinder.to_vfio(GPU_BDF, Deadline(10))
+                assert driver(node.sysfs, GPU_BDF) == VFIO_PCI
+                rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
+            deadline = time.monotonic() + 10
+            while _alive(kernel):
+                assert time.monotonic() < deadline, "the kernel outlived the last process attached to it"
+                time.sleep(0.05)
+        finally:
+            starter.kill()
+
+
+def test_a_kernel_whose_node_was_removed_ends_without_making_it_again(scratch: Path) -> None:
+    import shutil
+
+    root = scratch / "node"
+    with simulated_node("gke-n1-t4x2", root, kernel_process=True):
+        shutil.rmtree(root)  # a test's scratch folder removed while the kernel still runs
+    assert not root.exists()

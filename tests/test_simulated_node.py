@@ -9,6 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from backends.nvidia.nvml import nvml_session
 from backends.simulation.layout import plan_node
 from backends.simulation.node import SimulatedNode
 from backends.simulation.profile import NodeProfile, ProfileError, load_profile
@@ -65,8 +66,7 @@ def test_dev_nodes(sim_node: Callable[[str], SimulatedNode]) -> None:
 
 def test_nvml_agrees_with_sysfs(sim_node: Callable[[str], SimulatedNode]) -> None:
     node = sim_node("dgx-h100")
-    pynvml.nvmlInit()
-    try:
+    with nvml_session():
         assert pynvml.nvmlDeviceGetCount() == 8
         for gpu in node.plan.gpus:
             handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.minor)
@@ -75,8 +75,6 @@ def test_nvml_agrees_with_sysfs(sim_node: Callable[[str], SimulatedNode]) -> Non
             assert pynvml.nvmlDeviceGetMinorNumber(handle) == gpu.minor
             assert pynvml.nvmlDeviceGetUUID(handle) == gpu.uuid
             assert (node.sysfs / "bus/pci/devices" / gpu.bus_id / "device").read_text() == "0x2330\n"
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def test_static_mig_layout_from_profile(sim_node: Callable[[str], SimulatedNode]) -> None:

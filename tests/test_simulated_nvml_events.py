@@ -16,10 +16,12 @@ from typing import Any
 import pynvml
 import pytest
 
+from backends.nvidia.nvml import nvml_session
 from backends.simulation.catalog import GPU_MODELS
 from backends.simulation.node import SimulatedNode
 from backends.simulation.nvml import NO_INSTANCE, SimGpu, SimulatedNvml
 from backends.simulation.nvml_control import ControlError, control_socket, request, serve_control
+from backends.simulation.nvml_core import Client
 
 A100, T4 = GPU_MODELS["A100-SXM4-40GB"], GPU_MODELS["Tesla-T4"]
 A100_UUID = "GPU-0a100000-0000-4000-8000-000000000001"
@@ -207,6 +209,50 @@ def test_free_and_shutdown_end_waits(sim: SimulatedNvml) -> None:
         pynvml.nvmlEventSetWait_v2(event_set, 0)
 
 
+def test_init_counts_and_event_sets_are_per_client(sim: SimulatedNvml) -> None:
+    # What the NVML server does for each process: its calls run as that process's client.
+    other = Client("another process")
+    _, mine = _watch(1)
+    with sim.serving(other):
+        with pytest.raises(pynvml.NVMLError_Uninitialized):
+            pynvml.nvmlDeviceGetCount()  # this process's init is not the other's
+        pynvml.nvmlInit()
+        _, theirs = _watch(1)
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlEventSetWait_v2(mine, 0)  # a set is a pointer into the process that made it
+    assert sim.inject_xid(1, 48) == 2, "an event reaches the sets of every process watching the GPU"
+    assert pynvml.nvmlEventSetWait_v2(mine, 0).eventData == 48
+    waiting: list[BaseException] = []
+
+    def wait_as_the_other() -> None:
+        with sim.serving(other):
+            pynvml.nvmlEventSetWait_v2(theirs, 0)  # the queued Xid
+            try:
+                pynvml.nvmlEventSetWait_v2(theirs, 10_000)
+            except pynvml.NVMLError as e:
+                waiting.append(e)
+
+    waiter = threading.Thread(target=wait_as_the_other)
+    waiter.start()
+    time.sleep(0.2)
+    sim.client_gone(other)  # its connection closed: the process died
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and isinstance(waiting[0], pynvml.NVMLError_Uninitialized)
+    assert sim.inject_xid(1, 48) == 1, "only this process's set is left"
+    with sim.serving(other), pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+
+
+def test_an_unloaded_driver_fails_init(sim: SimulatedNvml) -> None:
+    sim.set_driver_loaded(False)
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        pynvml.nvmlInit()
+    assert pynvml.nvmlDeviceGetCount() == 2, "the session opened before goes on"
+    sim.set_driver_loaded(True)
+    pynvml.nvmlInit()
+    pynvml.nvmlShutdown()
+
+
 # -- the control channel ---------------------------------------------------------------------------------
 
 
@@ -238,6 +284,12 @@ def test_control_requests_from_another_thread(sim: SimulatedNvml, served: Path) 
     assert request(served, {"op": "reset", "gpu": "1"})["gpu"]["lost"] is False
     gi, ci = sim.create_instance(0, "1g.5gb", 0)
     assert request(served, {"op": "xid", "gpu": 0, "xid": 94, "gi": gi, "ci": ci})["delivered"] == 0
+    assert request(served, {"op": "driver", "loaded": False}) == {"ok": True, "loaded": False}
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        pynvml.nvmlInit()
+    request(served, {"op": "driver", "loaded": True})
+    pynvml.nvmlInit()
+    pynvml.nvmlShutdown()
 
 
 @pytest.mark.parametrize(("message", "error"), [
@@ -249,6 +301,7 @@ def test_control_requests_from_another_thread(sim: SimulatedNvml, served: Path) 
     ({"op": "xid", "gpu": 1, "xid": 94, "lost": "yes"}, "'lost' must be"),
     ({"op": "reset"}, "op reset needs 'gpu'"),
     ({"op": "explode", "gpu": 0}, "unknown op 'explode'"),
+    ({"op": "driver", "loaded": "no"}, "op driver needs 'loaded': true or false"),
     (["xid"], "a request is a JSON object"),
 ])
 def test_control_refuses_bad_requests_clearly(served: Path, message: Any, error: str) -> None:
@@ -284,8 +337,7 @@ def test_a_root_longer_than_a_socket_path_works(sim: SimulatedNvml, scratch: Pat
 def test_the_cli_injects_into_a_node_served_by_another_process(sim_node: Callable[[str], SimulatedNode]) -> None:
     node = sim_node("mixed")
     assert node.control_socket.exists()
-    pynvml.nvmlInit()
-    try:
+    with nvml_session():  # the node's library: served, like the control channel, by the node's services
         _, event_set = _watch(1)
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -307,5 +359,3 @@ def test_the_cli_injects_into_a_node_served_by_another_process(sim_node: Callabl
         assert bad.stderr.startswith("error: no GPU 'GPU-nope' on this node; GPUs: 0 (")
         usage = cli("xid", "0")
         assert usage.returncode == 2
-    finally:
-        pynvml.nvmlShutdown()

@@ -56,7 +56,8 @@ def dangling_links(root: Path) -> list[str]:
 
 
 async def inventory(node: SimulatedNode, backend: BuiltinBackend) -> set[str]:
-    ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {}, structlog.get_logger())
+    ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {}, structlog.get_logger(),
+                         driver_root=node.driver_root)
     await backend.start(ctx)
     try:
         found = await backend.discover()

@@ -93,7 +93,7 @@ async def test_dispatch_by_subsystem_survives_failing_handlers_and_lost_events()
 
 def test_the_real_host_gets_a_monitor_or_a_reason() -> None:
     with capture_logs() as logs:
-        udev = open_udev_monitor(Host(Path("/sys"), Path("/dev")))
+        udev = open_udev_monitor(Host(Path("/sys"), Path("/dev"), driver_root=Path("/")))
     if udev is None:  # a sandbox without netlink sockets: the reason is logged
         assert any(log["event"].startswith("no udev events") for log in logs)
         return
@@ -112,7 +112,7 @@ def test_a_monitor_that_cannot_be_opened_is_none(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(pyudev.Monitor, "from_netlink", refuse)
     with capture_logs() as logs:
-        assert open_udev_monitor(Host(Path("/sys"), Path("/dev")), "udev") is None
+        assert open_udev_monitor(Host(Path("/sys"), Path("/dev"), driver_root=Path("/")), "udev") is None
     (warning,) = logs
     assert warning["event"].startswith("no udev events: cannot watch udev")
     assert warning["source"] == "udev" and "Operation not permitted" in warning["error"]

@@ -25,6 +25,7 @@ from backends.contract import Allocated, BackendContext, ClaimRef, Inventory, Pr
 from backends.failpoints import VFIO_POINTS
 from backends.journal import Journal
 from backends.nvidia.gpu import NvidiaGpuBackend
+from backends.nvidia.nvml import nvml_session
 from backends.topology import TopologyReader
 from backends.vfio import Passthrough, VfioConfig
 from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
@@ -276,7 +277,7 @@ async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(s
     unbind = sysfs / "bus/pci/drivers/nvidia/unbind"
     unbind.write_text("")
     ctx = BackendContext(sysfs, scratch / "dev", scratch, TopologyReader(sysfs), {}, structlog.get_logger("vfio"),
-                         state_dir=scratch / "state")
+                         state_dir=scratch / "state", driver_root=scratch)
     vfio = Passthrough(ctx, claim_seconds=0.3)
     started = time.monotonic()
     released = False
@@ -361,8 +362,7 @@ def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: An
     node = sim_node("dgx-h100")
     rebinder, other = Rebinder(node.sysfs), node.plan.gpus[1]
     rebinder.to_vfio(GPU_BDF, Deadline(10))
-    pynvml.nvmlInit()
-    try:
+    with nvml_session():  # the node's NVML library, loaded from its driver root
         assert pynvml.nvmlDeviceGetCount() == 7
         with pytest.raises(pynvml.NVMLError_NotFound):
             pynvml.nvmlDeviceGetHandleByPciBusId(GPU_BDF)
@@ -373,8 +373,6 @@ def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: An
         rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
         assert pynvml.nvmlDeviceGetCount() == 8
         assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)) == node.plan.gpus[0].uuid
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def published_gpus(server: TestApiServer) -> dict[str, dict[str, Any]]:
@@ -427,7 +425,8 @@ async def gpu_backend(sim_node: Any, scratch: Path) -> AsyncIterator[tuple[Nvidi
     node = sim_node("dgx-h100")
     backend = NvidiaGpuBackend()
     await backend.start(BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {},
-                                       structlog.get_logger("nvidia-gpu"), state_dir=scratch / "state"))
+                                       structlog.get_logger("nvidia-gpu"), state_dir=scratch / "state",
+                                       driver_root=node.driver_root))
     try:
         yield backend, node
     finally:

@@ -60,7 +60,7 @@ async def main() -> int:
     args = parser.parse_args()
     configure_logging("info", "json")
     root = args.sim_root
-    udev = open_udev_monitor(Host(root / "sys", root / "dev", root, "harness"), args.source)
+    udev = open_udev_monitor(Host(root / "sys", root / "dev", root, "harness", driver_root=root), args.source)
     say(monitor=udev is not None)
     if udev is None:
         return 1
@@ -84,7 +84,7 @@ async def main() -> int:
         name, backend = plugin.found.name, plugin.backend
         seen = Subscriptions(udev)
         await backend.start(BackendContext(root / "sys", root / "dev", root, topology, {}, get_logger(name),
-                                           udev=seen))
+                                           udev=seen, driver_root=root))
         inventory = await backend.discover()
         say(backend=name, devices=[d.name for d in inventory.devices])
         tasks.append(asyncio.create_task(follow(name, backend)))

@@ -29,7 +29,9 @@ class GpuBackendConfig(BackendConfig):
 
     `ignoredXids` lists the Xid codes that leave a GPU healthy (the whole list: the default is NVIDIA's list of
     application-caused Xids); `recheckSeconds` is how often a GPU that does not answer NVML is probed for its
-    recovery (only while one does not).
+    recovery (only while one does not). `nvmlRetrySeconds` is the longest wait between attempts to load NVML
+    while the node has NVIDIA GPUs and NVML cannot be used (attempts start 1 s apart and double): a driver
+    container that comes up after the agent is taken up within that long.
     """
 
     model_config = ConfigDict(populate_by_name=True)
@@ -38,6 +40,7 @@ class GpuBackendConfig(BackendConfig):
         default=DEFAULT_IGNORED_XIDS, alias="ignoredXids"
     )
     recheck_seconds: float = Field(default=30.0, alias="recheckSeconds", gt=0, le=3600)
+    nvml_retry_seconds: float = Field(default=30.0, alias="nvmlRetrySeconds", ge=1, le=3600)
 
 
 MigMode = Literal["static", "dynamic"]

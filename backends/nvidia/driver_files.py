@@ -1,8 +1,12 @@
-"""The NVIDIA driver's user-space files on the host that a GPU container needs, by driver capability.
+"""The NVIDIA driver's user-space files that a GPU container needs, by driver capability, as CDI mounts.
 
-Libraries are looked up under the host root in the usual library folders, preferring the exact version of the
-running driver; each is bind-mounted read-only at its host path and at its soname (`.so.1`), so programs find
-it without an ldconfig run in the container. Binaries come from /usr/bin. Only files that exist are returned.
+Libraries are looked up in the driver root: first in the folder the loaded NVML library came from (the driver's
+own), then in the usual library folders, preferring the exact version of the running driver; each is
+bind-mounted read-only at its path in the driver root and at its soname (`.so.1`), so programs find it without an
+ldconfig run in the container. Binaries come from the driver root's /usr/bin. The mount's host path is where the
+container runtime on the host finds the file (its path below the host root: /run/nvidia/driver/usr/lib/... for
+the GPU operator's driver container); its container path is its path in the driver root (/usr/lib/...). Only
+files that exist are returned.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
+from backends.nvidia.driver_root import DriverRoot, library_dirs
 from cdi.spec import Mount
 
 __all__ = ["CAPABILITIES", "Capability", "driver_mounts"]
@@ -31,44 +36,56 @@ _BINARIES: dict[Capability, tuple[str, ...]] = {
     "utility": ("nvidia-smi", "nvidia-debugdump"),
     "compute": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
 }
-_LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu", "usr/lib")
 _BINARY_DIRS = ("usr/bin",)
 _OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
 
-def _library(host_root: Path, base: str, version: str) -> str | None:
-    """Host path (as the runtime sees it) of the best versioned file of a library, or None."""
-    for folder in _LIBRARY_DIRS:
-        exact = f"{folder}/{base}.{version}"
-        if os.path.isfile(host_root / exact):
-            return f"/{exact}"
-    for folder in _LIBRARY_DIRS:
+def _library(root: Path, folders: Iterable[str], base: str, version: str) -> Path | None:
+    """The best versioned file of a library in the driver root (the agent's view), or None."""
+    for folder in folders:
+        exact = root / folder / f"{base}.{version}"
+        if exact.is_file():
+            return exact
+    for folder in folders:
         try:
-            names = os.listdir(host_root / folder)
+            names = os.listdir(root / folder)
         except OSError:
             continue
-        versioned = sorted(n for n in names if n.startswith(f"{base}.") and n[len(base) + 1 :][:1].isdigit()
-                           and not os.path.islink(host_root / folder / n))
+        versioned = sorted(n for n in names if n.startswith(f"{base}.") and n[len(base) + 1:][:1].isdigit()
+                           and not os.path.islink(root / folder / n))
         if versioned:
-            return f"/{folder}/{versioned[-1]}"
+            return root / folder / versioned[-1]
     return None
 
 
-def driver_mounts(host_root: Path, driver_version: str, capabilities: Iterable[Capability]) -> tuple[Mount, ...]:
-    """Bind mounts of the driver files for the given capabilities that exist on the host."""
+def _folders(driver: DriverRoot, nvml: Path | None) -> list[str]:
+    folders = list(library_dirs())
+    if nvml is not None and nvml.is_relative_to(driver.root):
+        first = os.path.relpath(nvml.parent, driver.root)
+        folders = [first, *(f for f in folders if f != first)]
+    return folders
+
+
+def driver_mounts(driver: DriverRoot, driver_version: str, capabilities: Iterable[Capability],
+                  nvml: Path | None = None) -> tuple[Mount, ...]:
+    """Bind mounts of the driver files for the given capabilities that exist in the driver root; `nvml` is the
+    NVML library loaded from it, whose folder is searched first."""
     mounts: list[Mount] = []
+    folders = _folders(driver, nvml)
     for capability in dict.fromkeys(capabilities):
         for base in _LIBRARIES.get(capability, ()):
-            path = _library(host_root, base, driver_version)
+            path = _library(driver.root, folders, base, driver_version)
             if path is not None:
-                mounts.append(Mount(host_path=path, container_path=path, options=_OPTIONS))
-                soname = f"{os.path.dirname(path)}/{base}.1"
-                if soname != path:
-                    mounts.append(Mount(host_path=path, container_path=soname, options=_OPTIONS))
+                host, inside = driver.host_path(path), driver.container_path(path)
+                mounts.append(Mount(host_path=host, container_path=inside, options=_OPTIONS))
+                soname = f"{os.path.dirname(inside)}/{base}.1"
+                if soname != inside:
+                    mounts.append(Mount(host_path=host, container_path=soname, options=_OPTIONS))
         for name in _BINARIES.get(capability, ()):
             for folder in _BINARY_DIRS:
-                if os.path.isfile(host_root / folder / name):
-                    mounts.append(Mount(host_path=f"/{folder}/{name}", container_path=f"/{folder}/{name}",
+                path = driver.root / folder / name
+                if path.is_file():
+                    mounts.append(Mount(host_path=driver.host_path(path), container_path=driver.container_path(path),
                                         options=_OPTIONS))
                     break
     return tuple(mounts)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.contract import Allocated, BackendContext, ClaimRef, Device, Inventory, Prepared, PrepareError
-from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost
 from backends.nvidia.config import GpuConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_whole import held_whole
@@ -17,7 +17,7 @@ from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.sysfs import read_link_name
 from backends.topology import device_name
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
-from cdi.spec import ContainerEdits, DeviceNode
+from cdi.spec import ContainerEdits
 
 __all__ = ["NvidiaGpuBackend"]
 
@@ -130,7 +130,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                         self.modes.apply, claim.uid, a.device, self._refs[a.device].bus_id, mode)
                 prepared[a.device] = Prepared(
                     device=a.device,
-                    edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{minors[a.device]}"),)),
+                    edits=ContainerEdits(device_nodes=(self.device_node(f"nvidia{minors[a.device]}"),)),
                     common_edits=common,
                     restore=restore,
                 )
@@ -193,7 +193,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
             self._modes.close()
 
     def _discover(self) -> Inventory:
-        return read_nvml(self.ctx.log, self._inventory)
+        return self.read_nvml(self._inventory)
 
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         kept, lost_warnings = kept_while_lost(self._devices, problems, "index")

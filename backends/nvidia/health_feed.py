@@ -71,6 +71,7 @@ class HealthFeed:
         self._units: dict[Unit, Condition] = {}
         self._told: dict[str, Condition] = {}  # what the stream last said about each unhealthy/unknown device
         self._notices: list[Notice] = []
+        self._changes: list[str] = []  # reasons to discover again that came from the backend itself
         self._events: DeviceEventQueue | None = None
         self._streaming = False
         self._watcher: HealthWatcher | None = None
@@ -84,6 +85,12 @@ class HealthFeed:
         self._devices = dict(devices)
         if self._watcher is not None:
             self._watcher.expect({ref.uuid for ref in self._devices.values()})
+        if self._events is not None:
+            self._events.wake()
+
+    def devices_changed(self, reason: str) -> None:
+        """Have the stream say `DevicesChanged(reason)` (call on the event loop)."""
+        self._changes.append(reason)
         if self._events is not None:
             self._events.wake()
 
@@ -124,6 +131,8 @@ class HealthFeed:
         changed = [d for d in devices if self._on_udev(d)]
         if changed:
             items.append(DevicesChanged(pci_events_summary(changed)))
+        reasons, self._changes = self._changes, []
+        items.extend(DevicesChanged(reason) for reason in reasons)
         notices, self._notices = self._notices, []
         for notice in notices:
             self._on_notice(notice)

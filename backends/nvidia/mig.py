@@ -24,7 +24,7 @@ from backends.contract import (
     Prepared,
     PrepareError,
 )
-from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost, read_nvml
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost
 from backends.nvidia.config import GpuConfig, MigBackendConfig
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_dynamic import MigMaker, Offer, dynamic_devices
@@ -34,7 +34,7 @@ from backends.nvidia.mig_whole import WholeGpus
 from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
 from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.topology import PciTopology, device_name
-from cdi.spec import ContainerEdits, DeviceNode
+from cdi.spec import ContainerEdits
 
 __all__ = ["NvidiaMigBackend", "mig_device_name"]
 
@@ -69,7 +69,7 @@ class NvidiaMigBackend(NvidiaBackend):
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)
-        self._mig_edits = MigEdits(ctx.host_root)
+        self._mig_edits = MigEdits(ctx.host_root, self.device_node)
         self._modes = ComputeModes(ctx.state_dir, ctx.log)
         if ctx.state_dir is not None:
             ledger = MigLedger(ctx.state_dir / "mig-ledger.json")
@@ -108,8 +108,11 @@ class NvidiaMigBackend(NvidiaBackend):
                     raise PrepareError("dynamic MIG devices are made only by `dra-agent run`, which records them")
                 offer = self._offers[allocated.device]
                 if allocated.admin_access:
-                    # Watching a GPU other claims may use: nothing is made, its MIG mode stays as it is.
-                    edits = await asyncio.to_thread(self._maker.watch, allocated.device, offer)
+                    # Watching a GPU other claims may use: nothing is made, its MIG mode stays as it is. The MIG
+                    # device's nodes while a workload has it made, else the GPU's own node (NVML on it sees every
+                    # MIG device of the GPU).
+                    made = await asyncio.to_thread(self._maker.made_edits, allocated.device, offer)
+                    edits = made or ContainerEdits(device_nodes=(self.device_node(f"nvidia{offer.gpu_minor}"),))
                     prepared.append(Prepared(allocated.device, edits, common))
                     continue
                 if allocated.device in whole:
@@ -132,7 +135,7 @@ class NvidiaMigBackend(NvidiaBackend):
         mode = modes[device]
         if mode is not None:
             restore["computeMode"] = await asyncio.to_thread(self.modes.apply, claim.uid, device, offer.bus_id, mode)
-        return Prepared(device, ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{minor}"),)), common, restore)
+        return Prepared(device, ContainerEdits(device_nodes=(self.device_node(f"nvidia{minor}"),)), common, restore)
 
     @property
     def modes(self) -> ComputeModes:
@@ -183,7 +186,7 @@ class NvidiaMigBackend(NvidiaBackend):
         return inventory
 
     def _discover(self) -> Inventory:
-        return read_nvml(self.ctx.log, self._inventory)
+        return self.read_nvml(self._inventory)
 
     def _inventory(self, system: SystemInfo, gpus: list[GpuInfo], problems: list[GpuProblem]) -> Inventory:
         warnings = [p.message for p in problems if p.mig_enabled]

@@ -35,7 +35,7 @@ from backends.nvidia.nvml_mig import (
     mig_instance_exists,
 )
 from backends.topology import PciTopology, device_name
-from cdi.spec import ContainerEdits, DeviceNode
+from cdi.spec import ContainerEdits
 
 __all__ = ["MigMaker", "Offer", "dynamic_devices"]
 
@@ -115,14 +115,14 @@ class MigMaker:
                 entry = self._finish(entry, placement, adopt=not fresh)
         return self._edits(offer, entry), _restore(entry)
 
-    def watch(self, device: str, offer: Offer) -> ContainerEdits:
-        """What admin access to `device` gets, changing nothing: the MIG device's nodes while a claim has it made,
-        else the GPU's own node (NVML on it sees every MIG device of the GPU)."""
+    def made_edits(self, device: str, offer: Offer) -> ContainerEdits | None:
+        """The container edits of the MIG device `device` while a claim has it made (for admin access, which
+        watches it and changes nothing); None when none has."""
         with self._lock:
             made = next((e for e in self.ledger if e.device == device and e.compute_instance is not None), None)
-        if made is not None and offer.placement is not None:
-            return self._edits(offer, made)
-        return ContainerEdits(device_nodes=(DeviceNode(f"/dev/nvidia{offer.gpu_minor}"),))
+        if made is None or offer.placement is None:
+            return None
+        return self._edits(offer, made)
 
     def _finish(self, entry: LedgerEntry, placement: Placement, adopt: bool) -> LedgerEntry:
         """Create what the intent names; with `adopt` (an intent an earlier attempt left, cut short by a crash),

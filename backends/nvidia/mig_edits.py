@@ -4,6 +4,7 @@ grant its GPU instance and compute instance, with minors from the driver's MIG c
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from backends.contract import PrepareError
@@ -16,20 +17,24 @@ class MigEdits:
     """Container edits of MIG devices on one host; reads the capability table once (it is fixed while the
     driver is loaded)."""
 
-    def __init__(self, host_root: Path) -> None:
+    def __init__(self, host_root: Path, node: Callable[[str], DeviceNode] = lambda name: DeviceNode(f"/dev/{name}")
+                 ) -> None:
+        """`node` makes the container's device node of a name below /dev (the driver's may be elsewhere on the
+        host, see `NvidiaBackend.device_node`)."""
         self._table = host_root / "proc/driver/nvidia-caps/mig-minors"
+        self._node = node
         self._lock = threading.Lock()
         self._minors: dict[str, int] | None = None
 
     def edits(self, gpu_minor: int, gpu_instance: int, compute_instance: int) -> ContainerEdits:
         minors = self._capability_minors()
         base = f"gpu{gpu_minor}/gi{gpu_instance}"
-        nodes = [DeviceNode(f"/dev/nvidia{gpu_minor}")]
+        nodes = [self._node(f"nvidia{gpu_minor}")]
         for key in (f"{base}/access", f"{base}/ci{compute_instance}/access"):
             minor = minors.get(key)
             if minor is None:
                 raise PrepareError(f"the NVIDIA driver lists no MIG capability {key} ({self._table})")
-            nodes.append(DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minor}"))
+            nodes.append(self._node(f"nvidia-caps/nvidia-cap{minor}"))
         return ContainerEdits(device_nodes=tuple(nodes))
 
     def _capability_minors(self) -> dict[str, int]:

@@ -1,19 +1,31 @@
 """The NVIDIA backends' window onto NVML: the only module that imports pynvml.
 
+NVML is loaded by its full path from the driver root (`use_driver_root`, `backends.nvidia.driver_root`), never by
+name from the agent's own library path, which in a container is the image's. The library is process-wide, as
+pynvml's is. It is looked for again whenever a session starts with none open, so a driver that appears or is
+upgraded later (a driver container started after the agent, a new version's library) is taken up without a
+restart: a library found at another path than the loaded one is loaded and the old one unloaded. (The same path
+with a new file behind it is not noticed: drivers install each version under its own file name.)
+
 Every function here blocks (NVML is a C library); callers run them in a worker thread. NVML errors become
 `NvmlError` with the failing call named; a fault on one GPU is reported for that GPU and the others carry on.
 """
 
 from __future__ import annotations
 
+import _ctypes
+import ctypes
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
 
 from backends.contract import BackendError
+from backends.nvidia.driver_root import Attempt, DriverRoot
 from backends.topology import TopologyError, normalize_bus_id
 
 __all__ = [
@@ -25,9 +37,13 @@ __all__ = [
     "SystemInfo",
     "list_gpus",
     "list_mig_devices",
+    "loaded_library",
     "nvml_session",
     "system_info",
+    "use_driver_root",
 ]
+
+NVML_LIBRARY = "libnvidia-ml.so.1"
 
 _T = TypeVar("_T")
 
@@ -47,7 +63,16 @@ class NvmlError(BackendError):
 
 
 class NvmlUnavailable(NvmlError):
-    """There is no usable NVIDIA driver on this host (library missing, driver not loaded)."""
+    """NVML cannot be used on this host: its library is not in the driver root or does not load, or it does not
+    start (driver not loaded). `tried` names every place looked at and what was there."""
+
+    def __init__(self, call: str, reason: str, code: int, tried: tuple[Attempt, ...] = ()) -> None:
+        self.call = call
+        self.code = code
+        self.reason = reason
+        self.tried = tried
+        places = "; ".join(str(a) for a in tried)
+        BackendError.__init__(self, f"{reason}{f' (tried: {places})' if places else ''}")
 
 
 @dataclass(frozen=True)
@@ -104,15 +129,81 @@ def _call(name: str, fn: Callable[..., _T], *args: Any) -> _T:
         raise NvmlError(name, e) from None
 
 
+class _Library:
+    """Where NVML is looked for, and what is loaded: guarded by `lock`, which also makes a session's start (load
+    if none is open, then nvmlInit) one step for concurrent sessions."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.root: DriverRoot | None = None
+        self.path: Path | None = None
+        self.handle: ctypes.CDLL | None = None
+
+
+_library = _Library()
+
+
+def use_driver_root(root: DriverRoot) -> None:
+    """Look for NVML in `root` from the next session on."""
+    with _library.lock:
+        _library.root = root
+
+
+def loaded_library() -> Path | None:
+    """The NVML library file loaded now, if any."""
+    with _library.lock:
+        return _library.path
+
+
+def _load() -> Path:
+    """Make pynvml use the NVML library of the driver root, loading it unless it is loaded already (called with no
+    session open, under the library lock); the file loaded."""
+    root = _library.root
+    if root is None:
+        raise NvmlUnavailable("loading NVML", "no driver root to look for NVML in", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    search = root.find_library(NVML_LIBRARY)
+    failed: list[Attempt] = []
+    for candidate in search.candidates:
+        if candidate == _library.path and pynvml.nvmlLib is _library.handle:
+            return candidate
+        try:
+            handle = ctypes.CDLL(str(candidate))
+        except OSError as e:
+            failed.append(Attempt(str(candidate), f"cannot be loaded: {e}"))
+            continue
+        old = _library.handle if pynvml.nvmlLib is _library.handle else None
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = handle
+            pynvml._nvmlGetFunctionPointer_cache.clear()  # function pointers into the old library
+        _library.path, _library.handle = candidate, handle
+        if old is not None:
+            _unload(old)
+        return candidate
+    raise NvmlUnavailable("loading NVML", f"no loadable {NVML_LIBRARY} in the driver root {root.root}",
+                          pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, (*search.tried, *failed))
+
+
+def _unload(handle: ctypes.CDLL) -> None:
+    """Unload a library no session uses any more (its function pointers went with pynvml's cache)."""
+    with suppress(OSError):
+        _ctypes.dlclose(handle._handle)
+
+
 @contextmanager
 def nvml_session() -> Iterator[None]:
-    """Initialise NVML for the duration of the block (pynvml reference-counts nested sessions)."""
-    try:
-        pynvml.nvmlInit()
-    except (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded) as e:
-        raise NvmlUnavailable("nvmlInit", e) from None
-    except pynvml.NVMLError as e:
-        raise NvmlError("nvmlInit", e) from None
+    """Initialise NVML for the duration of the block (pynvml reference-counts nested sessions). Starting the first
+    session loads NVML from the driver root (see the module's description); NvmlUnavailable when it cannot."""
+    with _library.lock:
+        with pynvml.libLoadLock:
+            idle = pynvml._nvmlLib_refcount == 0
+        path = _load() if idle else _library.path
+        try:
+            pynvml.nvmlInit()
+        except (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded) as e:
+            raise NvmlUnavailable("nvmlInit", f"NVML did not start: nvmlInit failed: {e}", e.value,
+                                  (Attempt(str(path), "loaded"),)) from None
+        except pynvml.NVMLError as e:
+            raise NvmlError("nvmlInit", e) from None
     try:
         yield
     finally:

@@ -1,5 +1,7 @@
-"""A simulated node on disk: its sysfs and /dev trees plus the simulated NVML plugged in under pynvml, with the
-NVML's control channel served under the node's root while the node is in use."""
+"""A simulated node on disk: its sysfs and /dev trees and its NVIDIA driver's files (among them the simulated NVML
+library), with its kernel side served while the node is in use: the kernel's reactions to sysfs writes, the NVML
+server every process's NVML library calls, and the control channel for injected NVML events (see
+`node_services`)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,17 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from backends.simulation.catalog import GPU_MODELS
-from backends.simulation.kernel import SimulatedKernel
+from backends.simulation.driver_files import driver_root, install_driver, refresh_nvml_library
+from backends.simulation.kernel_attach import Attachment, attach, node_lock
 from backends.simulation.kernel_process import KernelProcess
 from backends.simulation.layout import NodePlan, plan_node
+from backends.simulation.node_services import NodeServices
 from backends.simulation.nvml import SimGpu, SimulatedNvml
-from backends.simulation.nvml_control import control_socket, serve_control
+from backends.simulation.nvml_control import control_socket
 from backends.simulation.nvml_persist import load_mig_state
 from backends.simulation.profile import NodeProfile, ProfileError, load_profile
 from backends.simulation.sysfs_tree import write_tree
@@ -27,12 +32,13 @@ __all__ = ["SimulatedNode", "mig_minor", "simulated_node"]
 
 @dataclass
 class SimulatedNode:
-    """The simulated hardware of one node, rooted at `root` (root/sys, root/dev)."""
+    """The simulated hardware of one node, rooted at `root` (root/sys, root/dev, the driver's files)."""
 
     profile: NodeProfile
     plan: NodePlan
     root: Path
-    nvml: SimulatedNvml
+    served_elsewhere: bool = False
+    """Another process serves the node (this one attached to its kernel): its NVML state is not here."""
 
     @property
     def sysfs(self) -> Path:
@@ -42,18 +48,39 @@ class SimulatedNode:
     def dev(self) -> Path:
         return self.root / "dev"
 
+    @property
+    def driver_root(self) -> Path:
+        """Where the NVIDIA driver's user-space files are (or go), by the profile's layout."""
+        return driver_root(self.root, self.profile.nvidia.layout)
+
+    @cached_property
+    def nvml(self) -> SimulatedNvml:
+        """The node's NVML state, as the process serving the node keeps it: the profile's GPUs and MIG instances,
+        with what processes made on them since the node last rebooted. Only the serving process uses it (tests
+        that open a node in their own process reach it here)."""
+        if self.served_elsewhere:
+            raise RuntimeError(f"the simulated node at {self.root} is served by another process: its GPUs are "
+                               "reached through its NVML library and control channel only")
+        nvml = _nvml(self.plan)
+        load_mig_state(nvml.gpus, self.root / _MIG_STATE)  # MIG instances live until a reboot, like on hardware
+        nvml.state_file = self.root / _MIG_STATE
+        nvml.sysfs_root = self.sysfs  # NVML lists the GPUs the nvidia driver holds there
+        nvml.driver_loaded = self.profile.nvidia.loaded
+        return nvml
+
     @classmethod
     def build(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
-        """Lay the profile out, write its trees under `root` and create its NVML state (not yet installed)."""
+        """Lay the profile out under `root`: sysfs and /dev trees, the driver's files, a new boot."""
         plan = plan_node(profile)
         write_tree(plan, root / "sys", root / "dev")
-        node = cls(profile, plan, root, _nvml(plan))
-        node.nvml.state_file = root / _MIG_STATE
-        node.nvml.sysfs_root = node.sysfs  # NVML lists the GPUs the nvidia driver holds there
+        node = cls(profile, plan, root)
         node.reboot()
+        node.nvml  # noqa: B018 - made now, so that a profile whose MIG instances do not fit is refused here
         if plan.gpus:
-            _write_driver_files(root, profile.nvidia.driver_version)
             _write_mig_minors(root, [g.minor for g in plan.gpus if GPU_MODELS[g.spec.model].mig_profiles])
+            if profile.nvidia.installed:
+                install_driver(root, profile.nvidia, [g.minor for g in plan.gpus])
+        (root / _MARKER).write_text(profile.model_dump_json())
         return node
 
     @property
@@ -75,34 +102,38 @@ class SimulatedNode:
         return boot_id
 
     @classmethod
+    def existing(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
+        """The node of `profile` already built at `root`; ProfileError when there is none, or one of another
+        profile."""
+        try:
+            fingerprint = (root / _MARKER).read_text()
+        except OSError:
+            raise ProfileError(f"{root} holds no simulated node") from None
+        if fingerprint != profile.model_dump_json():
+            raise ProfileError(f"{root} holds a simulated node of another profile; use an empty folder")
+        return cls(profile, plan_node(profile), root)
+
+    @classmethod
     def open(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
         """The node kept at `root`: built there by an earlier run from the same profile, or built now.
 
         A kept node survives agent restarts, with whatever the agent changed in its sysfs, like real hardware.
         A folder holding a node of another profile, or anything else, is refused rather than overwritten.
         """
-        marker = root / _MARKER
-        fingerprint = profile.model_dump_json()
-        if marker.exists():
-            if marker.read_text() != fingerprint:
-                raise ProfileError(f"{root} holds a simulated node of another profile; use an empty folder")
-            plan = plan_node(profile)
-            nvml = _nvml(plan)
-            # MIG instances live on the GPUs until a reboot, not with the process that made them.
-            load_mig_state(nvml.gpus, root / _MIG_STATE)
-            nvml.state_file = root / _MIG_STATE
-            nvml.sysfs_root = root / "sys"
-            return cls(profile, plan, root, nvml)
-        if root.exists() and any(root.iterdir()):
+        if (root / _MARKER).exists():
+            node = cls.existing(profile, root)
+            if profile.nvidia.installed:
+                refresh_nvml_library(root, profile.nvidia)
+            return node
+        if root.exists() and any(p.name != _SIM for p in root.iterdir()):
             raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")
         root.mkdir(parents=True, exist_ok=True)
-        node = cls.build(profile, root)
-        marker.write_text(fingerprint)
-        return node
+        return cls.build(profile, root)
 
 
 _MARKER = ".dra-agent-simulated-node.json"
-_MIG_STATE = ".sim/nvml-mig.json"
+_SIM = ".sim"  # the node's own sockets, lock and GPU state
+_MIG_STATE = f"{_SIM}/nvml-mig.json"
 
 
 def _nvml(plan: NodePlan) -> SimulatedNvml:
@@ -135,25 +166,6 @@ def _nvml(plan: NodePlan) -> SimulatedNvml:
                     f"GPU {g.bus_id}: cannot create MIG instance {inst.profile} at {inst.start}: {e}"
                 ) from None
     return nvml
-
-
-# The NVIDIA driver's user-space files a GPU container gets, as an installed driver leaves them on the host.
-_DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
-                     "libnvcuvid.so", "libnvidia-encode.so")
-_DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control")
-
-
-def _write_driver_files(root: Path, version: str) -> None:
-    libraries = root / "usr/lib/x86_64-linux-gnu"
-    libraries.mkdir(parents=True, exist_ok=True)
-    for base in _DRIVER_LIBRARIES:
-        (libraries / f"{base}.{version}").write_bytes(b"\x7fELF simulated\n")
-        (libraries / f"{base}.1").symlink_to(f"{base}.{version}")
-    binaries = root / "usr/bin"
-    binaries.mkdir(parents=True, exist_ok=True)
-    for name in _DRIVER_BINARIES:
-        (binaries / name).write_bytes(b"#!/bin/sh\n")
-        (binaries / name).chmod(0o755)
 
 
 # The NVIDIA driver's table of MIG capability minors: per GPU, 15 GPU instances of 1 + 8 entries (the GPU
@@ -199,29 +211,41 @@ def _memory_dir() -> str | None:
 @contextmanager
 def simulated_node(profile: str | NodeProfile, root: Path | None = None,
                    kernel_process: bool = False) -> Iterator[SimulatedNode]:
-    """A node from a profile (name, path or object) with its NVML installed, its control channel served and its
-    kernel reacting to sysfs writes (see `kernel`) for the duration of the block: from a thread of this process,
-    or with `kernel_process` from a process of its own (see `kernel_process`), as for `dra-agent run`.
+    """A node from a profile (name, path or object) with its kernel side served (see `node_services`) for the
+    duration of the block: from threads of this process, or with `kernel_process` from a process of its own
+    (see `kernel_process`), as for `dra-agent run`. When another process serves the node at `root` already, this
+    one attaches to its kernel instead (see `kernel_attach`), as processes share one kernel on a real node.
 
     Without `root` the node lives in a temporary folder removed afterwards; with `root` it is kept there
     (see `SimulatedNode.open`).
     """
     spec = load_profile(profile) if isinstance(profile, str) else profile
-    if root is not None:
-        node = SimulatedNode.open(spec, root)
-        with node.nvml, serve_control(node.nvml, node.root), _kernel(node, kernel_process):
-            yield node
-        return
-    base = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir()))
+    temporary = root is None
+    where = Path(tempfile.mkdtemp(prefix=f"dra-sim-{spec.name}-", dir=_memory_dir())) if root is None else root
     try:
-        node = SimulatedNode.build(spec, base)
-        with node.nvml, serve_control(node.nvml, node.root), _kernel(node, kernel_process):
+        where.mkdir(parents=True, exist_ok=True)
+        with node_lock(where):
+            node = SimulatedNode.build(spec, where) if temporary else SimulatedNode.open(spec, where)
+            service = _service(node, kernel_process).start()
+        try:
             yield node
+        finally:
+            if isinstance(service, NodeServices):
+                with node_lock(where):  # no process attaches to a node stopping
+                    service.stop()
+            else:
+                service.stop()
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if temporary:
+            shutil.rmtree(where, ignore_errors=True)
 
 
-def _kernel(node: SimulatedNode, in_process_of_its_own: bool) -> SimulatedKernel | KernelProcess:
+def _service(node: SimulatedNode, in_process_of_its_own: bool) -> NodeServices | KernelProcess | Attachment:
+    """How this process uses the node's kernel side (call holding the node's lock)."""
+    attachment = attach(node.root)
+    if attachment is not None:
+        node.served_elsewhere = True
+        return attachment
     if in_process_of_its_own:
         return KernelProcess(node.root, node.profile)
-    return SimulatedKernel(node.root, node.plan)
+    return NodeServices(node.root, node.plan, node.nvml)

@@ -1,12 +1,16 @@
-"""A simulated NVML library for the simulated node, plugged in under the real `pynvml` module.
+"""The simulated node's NVML: the GPUs' state and NVML's rules, behind methods named after the C symbols.
 
-`SimulatedNvml(gpus).install()` puts an object in `pynvml.nvmlLib` whose methods are named after the C
-symbols pynvml looks up and take the same ctypes arguments, so pynvml's own wrapper code runs unchanged and
-returns the structs, strings and `NVMLError` subclasses it would on a real node. This module owns the
-system and device-identity entry points (which GPUs are listed), plugging in, and the test-facing controls for
-MIG layouts; MIG entry points are in `nvml_mig`, compute mode in `nvml_compute`, event sets and injected events,
-lost GPUs and reset in `nvml_events`, state and rules in `nvml_state`, ctypes marshalling in `nvml_core`. Symbols
-not implemented are simply absent, so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
+Processes reach it through the node's NVML library (`nvml_library`), whose calls the node's NVML server
+(`nvml_server`) turns into calls of these methods with the ctypes arguments pynvml would pass, so pynvml's own
+wrapper code runs unchanged and returns the structs, strings and `NVMLError` subclasses it would on a real node.
+Unit tests of the rules may also plug it under pynvml in their own process: `SimulatedNvml(gpus).install()`
+puts it in `pynvml.nvmlLib`.
+
+This module owns the system and device-identity entry points (which GPUs are listed), plugging in, and the
+test-facing controls for MIG layouts; MIG entry points are in `nvml_mig`, compute mode in `nvml_compute`, event
+sets and injected events, lost GPUs and reset in `nvml_events`, state and rules in `nvml_state`, ctypes
+marshalling and the per-process clients in `nvml_core`. Symbols not implemented are absent from the library too,
+so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ _GPU, _MIG = HandleKind.GPU, HandleKind.MIG_DEVICE
 _MESSAGES = {
     NvmlReturn.SUCCESS: "Success",
     NvmlReturn.ERROR_UNINITIALIZED: "Uninitialized",
+    NvmlReturn.ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NvmlReturn.ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NvmlReturn.ERROR_NOT_SUPPORTED: "Not Supported",
     NvmlReturn.ERROR_NOT_FOUND: "Not Found",
@@ -109,6 +114,8 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
     `driver_version` and `cuda_driver_version` (e.g. 13000 for CUDA 13.0) are what the system queries report.
     """
 
+    driver_loaded: bool = True
+    """Whether the kernel module is loaded: without it nvmlInit fails with DRIVER_NOT_LOADED (`set_driver_loaded`)."""
     sysfs_root: Path | None = None
     """The node's sysfs: NVML lists only the GPUs the nvidia driver holds, so with this set a GPU bound to another
     driver there (vfio-pci, for passthrough) or to none is absent from the count and from every handle lookup,
@@ -172,6 +179,12 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
         """The GPUs in NVML index order."""
         return tuple(self._gpus)
 
+    def set_driver_loaded(self, loaded: bool) -> None:
+        """Load or unload the kernel module: calls from then on (nvmlInit first) see it; sessions already open carry
+        on, as NVML's descriptors keep the module in use."""
+        with self._lock:
+            self.driver_loaded = loaded
+
     def set_busy(self, index: int, busy: bool = True) -> None:
         """Mark GPU `index` as running processes (a MIG mode change then fails with IN_USE)."""
         with self._lock:
@@ -226,14 +239,18 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
 
     def nvmlInitWithFlags(self, flags: Any) -> int:
         with self._lock:
-            self._init_count += 1
+            self._calls["nvmlInitWithFlags"] += 1
+            if not self.driver_loaded:
+                return NvmlReturn.ERROR_DRIVER_NOT_LOADED
+            self._client().init_count += 1
         return NvmlReturn.SUCCESS
 
     @api
     def nvmlShutdown(self) -> int:
-        self._init_count -= 1
-        if self._init_count == 0:
-            self._release_event_sets()
+        client = self._client()
+        client.init_count -= 1
+        if client.init_count == 0:
+            self._client_released(client)
         return NvmlReturn.SUCCESS
 
     @property

@@ -8,6 +8,7 @@ is one JSON object in one datagram; the reply is one JSON object sent back to th
     {"op": "lost", "gpu": "0000:18:00.0"}                                → {"ok": true, "gpu": {…}}
     {"op": "reset", "gpu": "0"}                                          → {"ok": true, "gpu": {…}}
     {"op": "list"}                                                       → {"ok": true, "gpus": [{…}, …]}
+    {"op": "driver", "loaded": false}                                    → {"ok": true, "loaded": false}
     anything wrong                                                       → {"ok": false, "error": "…"}
 
 `gpu` names a GPU by NVML index, UUID or PCI bus id; `gi`/`ci` are optional; `delivered` counts the event sets
@@ -32,7 +33,7 @@ from typing import Any
 from backends.simulation.nvml import SimulatedNvml
 from backends.simulation.nvml_events import NO_INSTANCE
 
-__all__ = ["ControlError", "ControlServer", "control_socket", "main", "request", "serve_control"]
+__all__ = ["ControlError", "ControlServer", "control_socket", "main", "request", "serve_control", "socket_address"]
 
 _MAX_DATAGRAM = 1 << 16
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path minus the terminating NUL
@@ -48,7 +49,7 @@ def control_socket(root: Path) -> Path:
 
 
 @contextmanager
-def _address(path: Path) -> Iterator[str]:
+def socket_address(path: Path) -> Iterator[str]:
     """A connectable name for `path`; a path longer than sun_path is reached through its folder's descriptor."""
     if len(os.fsencode(path)) <= _SUN_PATH_MAX:
         yield str(path)
@@ -78,7 +79,7 @@ class ControlServer:
             self.path.unlink()  # left by a process that was killed
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
-            with _address(self.path) as address:
+            with socket_address(self.path) as address:
                 sock.bind(address)
             self._inode = self.path.stat().st_ino
         except OSError:
@@ -137,8 +138,14 @@ class ControlServer:
         nvml = self.nvml
         if op == "list":
             return {"gpus": [self._describe(i) for i in range(len(nvml.gpus))]}
+        if op == "driver":
+            loaded = message.get("loaded")
+            if not isinstance(loaded, bool):
+                raise ValueError("op driver needs 'loaded': true or false")
+            nvml.set_driver_loaded(loaded)
+            return {"loaded": loaded}
         if op not in ("xid", "ecc", "lost", "reset"):
-            raise ValueError(f"unknown op {op!r}; expected one of xid, ecc, lost, reset, list")
+            raise ValueError(f"unknown op {op!r}; expected one of xid, ecc, lost, reset, list, driver")
         ref = message.get("gpu")
         if not isinstance(ref, (str, int)) or isinstance(ref, bool):
             raise ValueError(f"op {op} needs 'gpu': an NVML index, a UUID or a PCI bus id")
@@ -193,7 +200,7 @@ def request(root: Path, message: Mapping[str, Any], timeout: float = 5.0) -> dic
         sock.bind("")  # an automatic abstract address, so the node can answer
         sock.settimeout(timeout)
         try:
-            with _address(path) as address:
+            with socket_address(path) as address:
                 sock.sendto(json.dumps(message).encode(), address)
             data = sock.recv(_MAX_DATAGRAM)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
@@ -229,6 +236,8 @@ def _parser() -> argparse.ArgumentParser:
     ops.add_parser("lost", help="the GPU falls off the bus").add_argument("gpu")
     ops.add_parser("reset", help="reset the GPU: back on the bus, healthy").add_argument("gpu")
     ops.add_parser("list", help="the node's GPUs")
+    ops.add_parser("driver", help="load or unload the kernel module (unloaded: nvmlInit fails)").add_argument(
+        "state", choices=("load", "unload"))
     return parser
 
 
@@ -239,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --sim-root (or DRA_AGENT_SIM_ROOT) is required", file=sys.stderr)
         return 2
     message: dict[str, Any] = {"op": args.op}
-    if args.op != "list":
+    if args.op == "driver":
+        message["loaded"] = args.state == "load"
+    elif args.op != "list":
         message["gpu"] = args.gpu
     if args.op == "xid":
         message.update(xid=args.xid, gi=args.gi, ci=args.ci, lost=args.lost)
@@ -252,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.json:
         print(json.dumps(reply, indent=2))
+    elif args.op == "driver":
+        print(f"the NVIDIA kernel module is {'loaded' if reply['loaded'] else 'unloaded'}")
     elif args.op == "list":
         for gpu in reply["gpus"]:
             state = "lost" if gpu["lost"] else "ok"

@@ -13,7 +13,8 @@ import ctypes
 import functools
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -28,6 +29,7 @@ from backends.simulation.nvml_state import (
 )
 
 __all__ = [
+    "Client",
     "HandleKind",
     "LibraryCore",
     "Target",
@@ -169,16 +171,53 @@ class Target:
         return self.kind is HandleKind.MIG_DEVICE
 
 
+@dataclass(eq=False)
+class Client:
+    """One process using the library: what NVML keeps per process, its init count (and, in `EventSymbols`, the
+    event sets it made). The GPUs' state is the same for every client."""
+
+    name: str
+    init_count: int = 0
+
+
 class LibraryCore:
-    """Shared state of the simulated library: the GPUs in NVML order, the lock and initialisation count."""
+    """Shared state of the simulated library: the GPUs in NVML order, the lock, and the clients.
+
+    The calls of a thread inside `serving(client)` count as that client's (the NVML server runs each process's
+    calls so); any other call counts as this process's own client's (tests calling the library directly)."""
 
     def __init__(self, gpus: list[SimGpu]) -> None:
         # NVML enumerates GPUs in PCI bus-id order.
         self._gpus: list[SimGpu] = sorted(gpus, key=lambda g: parse_bus_id(g.bus_id))
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # event waiters sleep here
-        self._init_count = 0
         self._calls: Counter[str] = Counter()
+        self._own_client = Client("this process")
+        self._serving = threading.local()
+
+    def _client(self) -> Client:
+        """The client the calling thread acts for."""
+        client: Client | None = getattr(self._serving, "client", None)
+        return client if client is not None else self._own_client
+
+    @contextmanager
+    def serving(self, client: Client) -> Iterator[None]:
+        """Calls made by this thread inside the block are `client`'s."""
+        self._serving.client = client
+        try:
+            yield
+        finally:
+            self._serving.client = None
+
+    def client_gone(self, client: Client) -> None:
+        """The client's process shut NVML down for good or died: forget what NVML kept for it."""
+        with self._lock:
+            client.init_count = 0
+            self._client_released(client)
+            self._changed.notify_all()
+
+    def _client_released(self, client: Client) -> None:
+        """Drop what `client` holds beyond its init count (see `EventSymbols`); called under the lock."""
 
     def _state_changed(self) -> None:
         """The GPUs' state changed: a kept node saves what outlives the process (see `MigSymbols`)."""
@@ -222,7 +261,7 @@ def _run(self: LibraryCore, symbol: str, body: Callable[[], int]) -> int:
     with self._lock:
         self._calls[symbol] += 1
         try:
-            if self._init_count == 0:
+            if self._client().init_count == 0:
                 raise SimulatedNvmlError(NvmlReturn.ERROR_UNINITIALIZED)
             return int(body())
         except SimulatedNvmlError as exc:

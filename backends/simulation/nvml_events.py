@@ -5,7 +5,8 @@ The entry points follow nvml.h: `nvmlEventSetCreate`, `nvmlDeviceGetSupportedEve
 `nvmlEventSetWait_v2` (blocks up to its timeout, wakes as soon as an event is injected, fills
 `c_nvmlEventData_t`, returns NVML_ERROR_TIMEOUT when nothing came and NVML_ERROR_GPU_IS_LOST once a
 registered GPU has fallen off the bus) and `nvmlEventSetFree`. An event reaches only the sets its GPU is
-registered in for its type. Waiters sleep on the library's condition variable: no polling.
+registered in for its type, whichever process made the set; a set belongs to the process that made it and goes
+with its NVML shutdown or its end. Waiters sleep on the library's condition variable: no polling.
 
 Run as `python -m backends.simulation.nvml_events --sim-root R xid 0 79` to inject into a running
 simulated node (see `nvml_control`).
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from backends.simulation.nvml_core import (
+    Client,
     HandleKind,
     LibraryCore,
     Target,
@@ -64,6 +66,7 @@ class _Event(NamedTuple):
 @dataclass(eq=False)
 class _EventSet:
     id: int
+    owner: Client  # event sets are per process, as NVML's handles are pointers into the process
     masks: dict[int, int] = field(default_factory=dict)  # GPU index → registered event types
     queue: deque[_Event] = field(default_factory=deque)
 
@@ -182,9 +185,9 @@ class EventSymbols(LibraryCore):
         self._changed.notify_all()
         return len(sets)
 
-    def _release_event_sets(self) -> None:
-        """NVML shut down: every event set is gone and blocked waiters return UNINITIALIZED."""
-        self._event_sets.clear()
+    def _client_released(self, client: Client) -> None:
+        """The client shut NVML down or is gone: its event sets are gone and its blocked waiters return."""
+        self._event_sets = {i: s for i, s in self._event_sets.items() if s.owner is not client}
         self._changed.notify_all()
 
     # -- entry points --------------------------------------------------------------------------------
@@ -192,13 +195,13 @@ class EventSymbols(LibraryCore):
     def _event_set(self, handle: Any) -> _EventSet:
         value = handle_value(handle) or 0
         s = self._event_sets.get(value & 0xFFFFFFFF) if value >> 48 == _SET else None
-        if s is None:
+        if s is None or s.owner is not self._client():
             raise SimulatedNvmlError(NvmlReturn.ERROR_INVALID_ARGUMENT, f"not an event set: {handle!r}")
         return s
 
     @api
     def nvmlEventSetCreate(self, event_set: Any) -> int:
-        s = _EventSet(self._next_set)
+        s = _EventSet(self._next_set, self._client())
         self._next_set += 1
         self._event_sets[s.id] = s
         store_handle(event_set, token(_SET) | s.id)
@@ -221,6 +224,7 @@ class EventSymbols(LibraryCore):
     @api
     def nvmlEventSetWait_v2(self, event_set: Any, data: Any, timeout_ms: Any) -> int:
         s = self._event_set(event_set)
+        client = s.owner
         record = out(data)
         deadline = time.monotonic() + uint(timeout_ms) / 1000
         for index in s.masks:
@@ -228,7 +232,7 @@ class EventSymbols(LibraryCore):
             if code:
                 return code
         while True:
-            if self._init_count == 0:
+            if client.init_count == 0:
                 return NvmlReturn.ERROR_UNINITIALIZED
             if self._event_sets.get(s.id) is not s:
                 return NvmlReturn.ERROR_INVALID_ARGUMENT  # freed while waiting

@@ -209,8 +209,18 @@ class RootComplexSpec(_Spec):
 
 
 class NvidiaDriverSpec(_Spec):
+    """The node's NVIDIA driver: its versions, and where and whether its user-space files are."""
+
     driver_version: str = "580.95.05"
     cuda_version: str = "13.0"
+    layout: Literal["host", "container"] = "host"
+    """Where the driver's user-space files (libnvidia-ml and the rest) are: installed on the host (/usr/lib/...),
+    or in the GPU operator's driver container, whose root the host sees at /run/nvidia/driver."""
+    installed: bool = True
+    """Whether those files are there when the node is built; false stands for a driver container not up yet (see
+    `backends.simulation.driver_files.install_driver`)."""
+    loaded: bool = True
+    """Whether the kernel module is loaded; false makes nvmlInit fail with NVML_ERROR_DRIVER_NOT_LOADED."""
 
     @field_validator("cuda_version")
     @classmethod

@@ -51,7 +51,8 @@ class _Cluster:
         from agent.daemon import Agent  # the agent needs the Kubernetes client and gRPC: only here
         from agent.kube import KubeClient
 
-        host = Host(self.node.sysfs, self.node.dev, self.node.root, self.node.profile.name)
+        host = Host(self.node.sysfs, self.node.dev, self.node.root, self.node.profile.name,
+                    driver_root=self.node.driver_root)
         async with AsyncExitStack() as stack:
             # The agent finds exactly the backend under test, installed or not.
             stack.enter_context(mock.patch("agent.inventory.find_plugins", lambda: ([self.plugin], [])))

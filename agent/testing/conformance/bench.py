@@ -57,7 +57,7 @@ class Bench:
         ctx = BackendContext(
             sysfs_root=self.node.sysfs, dev_root=self.node.dev, host_root=self.node.root,
             topology=TopologyReader(self.node.sysfs), config=dict(self.target.config), log=get_logger(self.name),
-            udev=udev, state_dir=self.state_dir,
+            udev=udev, state_dir=self.state_dir, driver_root=self.node.driver_root,
         )
         instance = Instance(self, backend, udev)
         self.instances.append(instance)

@@ -37,7 +37,8 @@ async def discovery(bench: Bench) -> list[str]:
     inventory = await instance.call("discover", instance.backend.discover)
     problems = inventory_problems(inventory, instance.backend.driver, NODE)
     if isinstance(inventory, Inventory) and not inventory.devices:
-        warned = f" (it warned: {'; '.join(inventory.warnings)})" if inventory.warnings else ""
+        said = [*inventory.warnings, *(f"cannot serve {', '.join(u.devices)}: {u.reason}" for u in inventory.unserved)]
+        warned = f" (it warned: {'; '.join(said)})" if said else ""
         problems.append(f"discover() found no devices on profile {bench.target.profile}{warned}: describe your "
                         "hardware in the profile and match it in the backend's settings (Target.config)")
     await instance.stop()

@@ -13,7 +13,16 @@ from agent.api_names import is_dns_label, is_label_value
 from agent.slice_rules import validate_pool, validate_resource_slice
 from agent.slices import device_body, pool_slices
 from backends.config import OpaqueConfig
-from backends.contract import Allocated, Device, DevicesChanged, Health, HealthEvent, Inventory, Prepared
+from backends.contract import (
+    Allocated,
+    Device,
+    DevicesChanged,
+    Health,
+    HealthEvent,
+    Inventory,
+    Prepared,
+    Unserved,
+)
 from cdi.names import validate_spec
 from cdi.spec import ContainerEdits, Spec
 from cdi.spec import Device as CdiDevice
@@ -46,6 +55,10 @@ def inventory_problems(inventory: object, driver: str, node: str) -> list[str]:
         return ["Inventory.devices holds something other than backends.contract.Device objects"]
     if not all(isinstance(w, str) for w in inventory.warnings):
         problems.append("Inventory.warnings must hold strings (messages for the operator)")
+    if not all(isinstance(u, Unserved) and u.reason and all(isinstance(d, str) for d in u.devices)
+               for u in inventory.unserved):
+        problems.append("Inventory.unserved must hold backends.contract.Unserved objects with a reason and the "
+                        "devices named as strings")
     seen: set[str] = set()
     for device in inventory.devices:
         if device.name in seen:

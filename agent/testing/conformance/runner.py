@@ -177,7 +177,8 @@ async def _refuses_unknown_settings(backend: Any, node: SimulatedNode) -> list[s
     from agent.logs import get_logger
 
     ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs),
-                         {"conformanceNoSuchSetting": 1}, get_logger(str(backend.name)))
+                         {"conformanceNoSuchSetting": 1}, get_logger(str(backend.name)),
+                         driver_root=node.driver_root)
     try:
         async with asyncio.timeout(30):
             await backend.start(ctx)

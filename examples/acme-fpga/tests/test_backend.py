@@ -27,7 +27,8 @@ def node() -> Iterator[SimulatedNode]:
 
 def context(node: SimulatedNode, config: dict[str, object] | None = None) -> BackendContext:
     return BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), config or {},
-                          get_logger("acme-fpga-card"), state_dir=node.root / "state")
+                          get_logger("acme-fpga-card"), state_dir=node.root / "state",
+                          driver_root=node.driver_root)
 
 
 async def next_event(stream: AsyncIterator[object]) -> HealthEvent:
