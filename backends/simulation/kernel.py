@@ -49,6 +49,10 @@ class SimulatedKernel:
         """The writes refused so far (that a real kernel would have failed), one line each."""
         return list(self._sriov.refusals) if self._sriov else []
 
+    def driver_changes(self) -> dict[str, int]:
+        """Every driver bind and unbind made so far, "<bus id> bind|unbind <driver>" → how often."""
+        return dict(self._pci.driver_changes) if self._pci else {}
+
     def start(self) -> SimulatedKernel:
         self._pci = pci = PciCore(self.root, self.plan)
         self._sriov = SriovControl(pci)

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from backends.simulation.layout import NodePlan, PciFunction
@@ -40,6 +41,9 @@ class PciCore:
         self.plan = plan
         self.planned = {f.bus_id: f for f in plan.functions}
         self._vf_driver = {nic.bus_id: nic.model.vf_driver for nic in plan.nics}
+        # Every driver change made, "<bus id> bind <driver>" or "<bus id> unbind <driver>" → how often: what tests
+        # count to tell a change made once from one made twice (which the end state alone cannot show).
+        self.driver_changes: Counter[str] = Counter()
 
     # Reading the tree -------------------------------------------------------------------------------------------
 
@@ -104,6 +108,7 @@ class PciCore:
             self._restore_class_devices(bus_id)
         # The driver link last: whoever waits for it finds what the driver made (as after a real bind's write).
         link_driver(str(self.sys), fn, driver)
+        self.driver_changes[f"{bus_id} bind {driver}"] += 1
         events.append(self.pci_event("bind", folder, driver))
         send(self.root, events)
         return True
@@ -133,6 +138,7 @@ class PciCore:
             events += self._release_vfio_group(bus_id, folder)
         (self.sys / "bus/pci/drivers" / current / bus_id).unlink(missing_ok=True)
         (folder / "driver").unlink()
+        self.driver_changes[f"{bus_id} unbind {current}"] += 1
         events.append(self.pci_event("unbind", folder))
         send(self.root, events)
         return True

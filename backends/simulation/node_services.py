@@ -32,7 +32,7 @@ class NodeServices:
         self.root = root
         self.kernel = SimulatedKernel(root, plan)
         self.nvml_server = NvmlServer(nvml, nvml_server_socket(root))
-        self.control = ControlServer(nvml, control_socket(root))
+        self.control = ControlServer(nvml, control_socket(root), self.kernel.driver_changes)
         self.attachments = AttachListener(root)
 
     def start(self) -> NodeServices:

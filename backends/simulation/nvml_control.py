@@ -9,10 +9,13 @@ is one JSON object in one datagram; the reply is one JSON object sent back to th
     {"op": "reset", "gpu": "0"}                                          → {"ok": true, "gpu": {…}}
     {"op": "list"}                                                       → {"ok": true, "gpus": [{…}, …]}
     {"op": "driver", "loaded": false}                                    → {"ok": true, "loaded": false}
+    {"op": "counts"}                                                     → {"ok": true, "nvml": {…}, "drivers": {…}}
     anything wrong                                                       → {"ok": false, "error": "…"}
 
-`gpu` names a GPU by NVML index, UUID or PCI bus id; `gi`/`ci` are optional; `delivered` counts the event sets
-that received the event (0: nobody is watching that GPU for that event type). The same operations are a CLI:
+`counts` tells how often each NVML symbol was called (by any process) and each driver change the kernel made
+(`"<bus id> bind <driver>"`, `"<bus id> unbind <driver>"`). `gpu` names a GPU by NVML index, UUID or PCI bus id;
+`gi`/`ci` are optional; `delivered` counts the event sets that received the event (0: nobody is watching that GPU
+for that event type). The same operations are a CLI:
 `python -m backends.simulation.nvml_events --sim-root R xid 0 79`.
 """
 
@@ -25,7 +28,7 @@ import select
 import socket
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -65,9 +68,11 @@ class ControlServer:
     """Serves one simulated NVML's control socket from a daemon thread (no polling: the thread sleeps in poll(2)
     on the socket and a wake-up pipe; not select(2), which cannot watch descriptors above 1023)."""
 
-    def __init__(self, nvml: SimulatedNvml, path: Path) -> None:
+    def __init__(self, nvml: SimulatedNvml, path: Path,
+                 driver_changes: Callable[[], dict[str, int]] = dict) -> None:
         self.nvml = nvml
         self.path = path
+        self._driver_changes = driver_changes  # the kernel's count of driver binds and unbinds
         self._sock: socket.socket | None = None
         self._wake_r, self._wake_w = -1, -1
         self._inode = 0
@@ -138,6 +143,8 @@ class ControlServer:
         nvml = self.nvml
         if op == "list":
             return {"gpus": [self._describe(i) for i in range(len(nvml.gpus))]}
+        if op == "counts":
+            return {"nvml": nvml.call_counts(), "drivers": self._driver_changes()}
         if op == "driver":
             loaded = message.get("loaded")
             if not isinstance(loaded, bool):
@@ -145,7 +152,7 @@ class ControlServer:
             nvml.set_driver_loaded(loaded)
             return {"loaded": loaded}
         if op not in ("xid", "ecc", "lost", "reset"):
-            raise ValueError(f"unknown op {op!r}; expected one of xid, ecc, lost, reset, list, driver")
+            raise ValueError(f"unknown op {op!r}; expected one of xid, ecc, lost, reset, list, driver, counts")
         ref = message.get("gpu")
         if not isinstance(ref, (str, int)) or isinstance(ref, bool):
             raise ValueError(f"op {op} needs 'gpu': an NVML index, a UUID or a PCI bus id")

@@ -222,6 +222,11 @@ class LibraryCore:
     def _state_changed(self) -> None:
         """The GPUs' state changed: a kept node saves what outlives the process (see `MigSymbols`)."""
 
+    def call_counts(self) -> dict[str, int]:
+        """How often each C symbol has been called."""
+        with self._lock:
+            return dict(self._calls)
+
     def call_count(self, symbol: str) -> int:
         """How often the C symbol `symbol` has been called (tests count wake-ups and probes with it)."""
         with self._lock:
