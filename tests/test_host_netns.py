@@ -160,7 +160,8 @@ def test_monitors_opened_from_the_pod_hear_the_hosts_links(namespaces: Namespace
     settings = Settings(host_root=host_root_for(tmp_path, namespaces.host))
 
     async def scenario() -> None:
-        udev, links = open_kernel_events(settings, Host(Path("/sys"), Path("/dev"), settings.host_root))
+        host = Host(Path("/sys"), Path("/dev"), settings.host_root, driver_root=settings.host_root)
+        udev, links = open_kernel_events(settings, host)
         assert udev is not None and links is not None
         try:
             assert socket_netns(udev._monitor.fileno()) == netns_inode(namespaces.host)  # type: ignore[union-attr]
@@ -190,7 +191,8 @@ def test_monitors_left_in_the_pod_hear_only_the_pods_links(namespaces: Namespace
     settings = Settings(host_root=host_root_for(tmp_path, namespaces.host), host_netns="off")
 
     async def scenario() -> None:
-        udev, links = open_kernel_events(settings, Host(Path("/sys"), Path("/dev"), settings.host_root))
+        host = Host(Path("/sys"), Path("/dev"), settings.host_root, driver_root=settings.host_root)
+        udev, links = open_kernel_events(settings, host)
         assert udev is not None and links is not None
         try:
             assert socket_netns(links._sock.fileno()) == netns_inode(namespaces.pod)  # type: ignore[union-attr]
@@ -229,7 +231,7 @@ def netns(fd):
 
 with capture_logs() as logs:
     links = open_link_monitor(Path(sys.argv[1]))
-    udev = open_udev_monitor(Host(Path("/sys"), Path("/dev")), netns=Path(sys.argv[1]))
+    udev = open_udev_monitor(Host(Path("/sys"), Path("/dev"), driver_root=Path("/")), netns=Path(sys.argv[1]))
 print(json.dumps({"links": netns(links._sock.fileno()) if links else None,
                   "udev": netns(udev._monitor.fileno()) if udev else None,
                   "own": os.stat("/proc/self/ns/net").st_ino,
@@ -360,7 +362,7 @@ async def test_the_agent_warns_at_start_when_its_sysfs_hides_the_hosts_devices(t
                                 simulate=None, sysfs_root=sysfs, dev_root=tmp_path / "dev", host_root=host_root,
                                 backends=("sriov-nic",))
         kube = await KubeClient.connect(settings.kubeconfig)
-        agent = Agent(settings, Host(sysfs, tmp_path / "dev", host_root), kube)
+        agent = Agent(settings, Host(sysfs, tmp_path / "dev", host_root, driver_root=host_root), kube)
         try:
             with capture_logs() as logs:
                 await agent.start()

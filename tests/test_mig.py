@@ -34,6 +34,7 @@ from backends.simulation.variants import in_mig_mode
 from backends.topology import TopologyReader
 from tests.agent_env import agent_in_process, allocate, lose_claims, plugin_after_restart, two_agents
 from tests.slice_checks import assert_valid_slices
+from tests.surge_env import made_on_node
 
 GPU = "gpu.nvidia.com"
 DYNAMIC = {"nvidia-mig": {"mode": "dynamic"}}
@@ -163,14 +164,6 @@ async def test_instances_the_agent_did_not_create_are_never_touched(scratch: Pat
         assert (env.settings.state_dir / "backends/nvidia-mig/mig-ledger.json").exists()
         assert (await plugin.unprepare([claim]))[claim.uid] == ""
         assert mig_instances()["0000:1c:00.0"] == [("3g.40gb", 0)], "the operator's instance stays"
-
-
-def made_on_node(sim_root: Path, bus_id: str) -> list[tuple[str, int, int]]:
-    """The GPU instances on one GPU of a kept simulated node, as the hardware holds them across agent restarts:
-    (profile, start, compute instances)."""
-    state = json.loads((sim_root / ".sim/nvml-mig.json").read_text())
-    gpu = next(g for g in state if g["bus_id"] == bus_id)
-    return sorted((gi["profile"], gi["start"], len(gi["compute_instances"])) for gi in gpu["gpu_instances"])
 
 
 # Where a crash leaves the MIG device: made in part or whole, the claim `started` in the checkpoint either way.

@@ -8,85 +8,26 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
 from backends.simulation.nvml_control import request
 from backends.simulation.variants import in_mig_mode
-from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
-from tests.test_mig import made_on_node
+from tests.agent_env import AgentProcess, allocate, wait_until
+from tests.surge_env import kernels, made_on_node, surge
 
 GPU = "gpu.nvidia.com"
 START = 60.0  # seconds two agent processes get to start on a loaded machine
 
 
-def kernels(root: Path) -> list[int]:
-    """The pids of simulated kernel processes serving the node at `root`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"backends.simulation.kernel_process" in argv and str(root).encode() in argv:
-            found.append(int(entry))
-    return found
-
-
-@dataclass
-class Surge:
-    server: TestApiServer
-    root: Path
-    old: AgentProcess
-    new: AgentProcess
-    kubelet: KubeletSimulator
-    plugins: list[Plugin]
-
-
-@asynccontextmanager
-async def surge(scratch: Path, profile: str, env: dict[str, str] | None = None, **extra: Any) -> AsyncIterator[Surge]:
-    """The old pod's agent started first, then the new pod's beside it, both registered with the kubelet."""
-    async with TestApiServer() as server:
-        server.add_node(NODE)
-        base = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), profile, **extra)
-        old = AgentProcess(base.model_copy(update={"pod_uid": "00000000-0000-4000-8000-00000000000a"}), env)
-        new = AgentProcess(base.model_copy(update={"pod_uid": "00000000-0000-4000-8000-00000000000b"}), env)
-        old.log, new.log = scratch / "old.log", scratch / "new.log"
-        assert base.sim_root is not None
-        try:
-            async with KubeletSimulator(base.registry_dir) as kubelet:
-                try:
-                    await old.start()
-                    first = await kubelet.wait_for_plugin(GPU, timeout=START)
-                    await new.start()
-                    async with asyncio.timeout(START):
-                        while len(plugins := [p for p in kubelet.plugins(GPU) if p.connected]) < 2:  # noqa: ASYNC110
-                            await asyncio.sleep(0.05)  # the simulator scans the registry: nothing to wait on
-                except TimeoutError:
-                    raise AssertionError(f"old agent:\n{old.output()}\nnew agent:\n{new.output()}") from None
-                assert plugins[0] is first
-                yield Surge(server, base.sim_root, old, new, kubelet, plugins)
-        finally:
-            await old.stop()
-            await new.stop()
-
-
 async def test_one_kernel_and_one_gpu_state_serve_both_agents_and_outlive_the_first(scratch: Path) -> None:
     profile = in_mig_mode("dgx-h100", scratch)
     dynamic = {"DRA_AGENT_BACKEND_CONFIG": json.dumps({"nvidia-mig": {"mode": "dynamic"}})}
-    async with surge(scratch, str(profile), dynamic, backends=("nvidia-mig",)) as run:
+    async with surge(scratch, str(profile), dynamic, backends=("nvidia-mig",)) as (run, plugins):
         serving = kernels(run.root)
         assert len(serving) == 1, "the second agent attached to the first one's kernel"
-        old, new = run.plugins
+        old, new = plugins[GPU]
         small = allocate(run.server, "small", [("mig", GPU, "gpu-0000-18-00-0-mig-1g10gb-19-2")])
         assert (await old.prepare([small]))[small.uid].error == ""
         assert made_on_node(run.root, "0000:18:00.0") == [("1g.10gb", 2, 1)]
@@ -111,7 +52,7 @@ async def test_one_kernel_and_one_gpu_state_serve_both_agents_and_outlive_the_fi
 
 
 async def test_an_injected_xid_reaches_the_event_sets_of_both_agents(scratch: Path) -> None:
-    async with surge(scratch, "gke-n1-t4x2", backends=("nvidia-gpu",)) as run:
+    async with surge(scratch, "gke-n1-t4x2", backends=("nvidia-gpu",)) as (run, _):
         # Each agent's health watcher registers its own event set for every GPU.
         def both_watching() -> bool:
             return request(run.root, {"op": "xid", "gpu": "0", "xid": 13})["delivered"] == 2
@@ -129,7 +70,7 @@ async def test_an_injected_xid_reaches_the_event_sets_of_both_agents(scratch: Pa
 @pytest.mark.parametrize("agents", [1, 2])
 async def test_a_sysfs_write_is_applied_once(scratch: Path, agents: int) -> None:
     """A VF bound to vfio-pci by a claim and given back: with a second agent attached, the same single kernel."""
-    async with surge(scratch, "dgx-h100", backends=("sriov-nic", "nvidia-gpu")) as run:
+    async with surge(scratch, "dgx-h100", backends=("sriov-nic", "nvidia-gpu")) as (run, _):
         if agents == 1:
             await run.new.signal(signal.SIGTERM)
             await run.new.wait()
