@@ -10,12 +10,15 @@ is one JSON object in one datagram; the reply is one JSON object sent back to th
     {"op": "list"}                                                       → {"ok": true, "gpus": [{…}, …]}
     {"op": "driver", "loaded": false}                                    → {"ok": true, "loaded": false}
     {"op": "counts"}                                                     → {"ok": true, "nvml": {…}, "drivers": {…}}
+    {"op": "slow", "symbol": "nvmlDeviceCreateGpuInstanceWithPlacement", "seconds": 1.5}
+                                                                         → {"ok": true, "symbol": …, "seconds": 1.5}
     anything wrong                                                       → {"ok": false, "error": "…"}
 
 `counts` tells how often each NVML symbol was called (by any process) and each driver change the kernel made
-(`"<bus id> bind <driver>"`, `"<bus id> unbind <driver>"`). `gpu` names a GPU by NVML index, UUID or PCI bus id;
-`gi`/`ci` are optional; `delivered` counts the event sets that received the event (0: nobody is watching that GPU
-for that event type). The same operations are a CLI:
+(`"<bus id> bind <driver>"`, `"<bus id> unbind <driver>"`); `slow` makes every later call of an NVML symbol take
+that long, as slow hardware does (a GPU instance takes its time to make). `gpu` names a GPU by NVML index, UUID
+or PCI bus id; `gi`/`ci` are optional; `delivered` counts the event sets that received the event (0: nobody is
+watching that GPU for that event type). The same operations are a CLI:
 `python -m backends.simulation.nvml_events --sim-root R xid 0 79`.
 """
 
@@ -145,6 +148,12 @@ class ControlServer:
             return {"gpus": [self._describe(i) for i in range(len(nvml.gpus))]}
         if op == "counts":
             return {"nvml": nvml.call_counts(), "drivers": self._driver_changes()}
+        if op == "slow":
+            symbol, seconds = message.get("symbol"), message.get("seconds")
+            if not isinstance(symbol, str) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 600:
+                raise ValueError("op slow needs 'symbol' (an NVML C symbol) and 'seconds' (0 to 600)")
+            nvml.durations[symbol] = float(seconds)
+            return {"symbol": symbol, "seconds": float(seconds)}
         if op == "driver":
             loaded = message.get("loaded")
             if not isinstance(loaded, bool):
@@ -152,7 +161,7 @@ class ControlServer:
             nvml.set_driver_loaded(loaded)
             return {"loaded": loaded}
         if op not in ("xid", "ecc", "lost", "reset"):
-            raise ValueError(f"unknown op {op!r}; expected one of xid, ecc, lost, reset, list, driver, counts")
+            raise ValueError(f"unknown op {op!r}; expected one of xid, ecc, lost, reset, list, driver, counts, slow")
         ref = message.get("gpu")
         if not isinstance(ref, (str, int)) or isinstance(ref, bool):
             raise ValueError(f"op {op} needs 'gpu': an NVML index, a UUID or a PCI bus id")
