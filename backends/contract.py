@@ -196,6 +196,11 @@ class Allocated:
     `config` is the effective configuration of the request the device was allocated for (class configuration
     first, claim configuration over it, request-specific over general), already validated against one of the
     backend's `config_types`; None when the claim gives none.
+
+    `admin_access`: the device was allocated with admin access (a monitoring pod's claim). It is not in use: a
+    workload claim may hold the same device before, during and after. Give access to the device as it is and
+    change nothing on it (no mode, no partition, no driver binding); refuse a configuration that would, and make
+    `unprepare` undo nothing a workload set up (key your records by claim, as the built-in backends do).
     """
 
     device: str
