@@ -1,7 +1,8 @@
 """A DaemonSet rolling update on a node with claims in flight: the old pod's agent prepares a burst of claims on
-every backend that changes the hardware (dynamic MIG, compute mode, vfio-pci for GPUs and VFs, plain VFs); the new
-pod's agent starts before, during or after the burst on the same state, the old one is ended by SIGTERM or SIGKILL,
-and the kubelet goes on with the new one.
+every backend that changes the hardware (dynamic MIG, compute mode, vfio-pci for GPUs and VFs, plain VFs), with
+monitoring pods' admin-access claims on devices the workload claims hold; the new pod's agent starts before,
+during or after the burst on the same state, the old one is ended by SIGTERM or SIGKILL, and the kubelet goes on
+with the new one.
 
 What must hold: no claim answered as prepared is lost or rolled back, asking again answers exactly the same, a
 claim the old agent could not finish is prepared by the new one, and once everything is unprepared every change was
@@ -47,7 +48,11 @@ FIRST_BURST: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "vm-vf": (NIC, "vf-0000-19-00-1", VFIO),
     "vf-a": (NIC, "vf-0000-19-00-2", None),
     "vf-b": (NIC, "vf-0000-19-00-3", None),
+    # Monitoring pods' claims with admin access, on devices workload claims of the burst hold.
+    "watch-mig": (GPU, "gpu-0000-18-00-0-mig-1g10gb-19-0", None),
+    "watch-vf": (NIC, "vf-0000-19-00-1", None),
 }
+ADMIN = {"watch-mig", "watch-vf"}
 SECOND_BURST: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "mig-d": (GPU, "gpu-0000-3a-00-0-mig-2g20gb-14-0", None),
     "mode-c": (GPU, "gpu-0000-bf-00-0", EXCLUSIVE),
@@ -75,7 +80,7 @@ def half_in_mig_mode(folder: Path) -> Path:
 def claim_for(run: Surge, name: str, spec: tuple[str, str, dict[str, Any] | None]) -> ClaimRef:
     driver, device, parameters = spec
     configs = [{"source": "FromClaim", "requests": ["dev"], "opaque": {"driver": driver, "parameters": parameters}}]
-    return allocate(run.server, name, [("dev", driver, device)], configs if parameters else None)
+    return allocate(run.server, name, [("dev", driver, device)], configs if parameters else None, admin=name in ADMIN)
 
 
 def drivers_on_node(root: Path) -> dict[str, str]:
