@@ -54,8 +54,8 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent.backend_check import check_command
     from agent.commands import backends_command, discover_command, run_command
+    from agent.node.simulated import check_backends
 
     parser = argparse.ArgumentParser(
         prog="dra-agent",
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "version, DRA driver name and whether each found hardware on this node.",
     )
     backends.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    backends.add_argument("--check", dest="handler", action="store_const", const=check_command,
+    backends.add_argument("--check", dest="handler", action="store_const", const=check_backends,
                           help="run the conformance kit's static checks on each enabled backend (contract, typed "
                                "settings, discovery passes the API server's rules, stable names); exit 1 if one fails")
     backends.set_defaults(handler=backends_command)
@@ -140,10 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from agent.demo import main as demo_main
+        from agent.node.simulated import run_demo
 
         color = {"auto": None, "always": True, "never": False}[args.color]
-        return demo_main(args.profile, args.scenarios, color=color, keep=args.keep)
+        return run_demo(args.profile, args.scenarios, color=color, keep=args.keep)
     flags = {key: getattr(args, key, None) for key in _SETTING_FLAGS}
     config = args.config or os.environ.get(f"{ENV_PREFIX}CONFIG")
     try:

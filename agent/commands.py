@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from agent.host import HostError, open_host, resolve_node_name
-from agent.inventory import Survey, merge_pools, stop_all, survey
 from agent.logs import get_logger
-from agent.report import BackendRow, render_backends, render_slices
+from agent.node.host import HostError, open_host, resolve_node_name
+from agent.node.inventory import Survey, merge_pools, stop_all, survey
+from agent.output import BackendRow, render_backends, render_slices
 from agent.settings import Settings
-from agent.slices import pool_slices
-from backends.simulation.profile import ProfileError
+from agent.slices.build import pool_slices
 
 __all__ = ["backends_command", "discover_command", "run_command"]
 
@@ -37,7 +36,7 @@ async def _survey_node(settings: Settings, err: TextIO) -> _NodeSurvey | None:
             found = await survey(settings, host)
             await stop_all(found.started)
             return _NodeSurvey(node, found)
-    except (ProfileError, HostError) as e:
+    except HostError as e:
         print(f"dra-agent: {e}", file=err)
         return None
 

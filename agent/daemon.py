@@ -16,24 +16,23 @@ import signal
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from agent.checkpoint import CheckpointError, read_boot_id
+from agent.claims.checkpoint import CheckpointError, read_boot_id
+from agent.claims.instances import InstanceError, Instances
 from agent.driver import Driver, DriverSetup
-from agent.events import EventRecorder
-from agent.host import Host, HostError, open_host, resolve_node_name
-from agent.host_netns import resolve_host_netns, sysfs_netdevs_problem
-from agent.instances import InstanceError, Instances
-from agent.inventory import BackendReport, stop_all, survey
-from agent.kube import KubeClient, KubeError
-from agent.links import LinkMonitor, open_link_monitor
+from agent.events.recorder import EventRecorder
+from agent.kube.client import KubeClient, KubeError
+from agent.kubelet.grpc_server import SocketError
 from agent.logs import get_logger
 from agent.metrics import Metrics, MetricsServer
+from agent.node.host import Host, HostError, open_host, resolve_node_name
+from agent.node.host_netns import resolve_host_netns, sysfs_netdevs_problem
+from agent.node.inventory import BackendReport, stop_all, survey
+from agent.node.link_monitor import LinkMonitor, open_link_monitor
+from agent.node.plugins import LoadedPlugin
+from agent.node.udev import UdevMonitor, open_udev_monitor
 from agent.notify import Notifier
-from agent.plugins import LoadedPlugin
-from agent.publisher import Publisher
-from agent.server import SocketError
 from agent.settings import Settings
-from agent.udev import UdevMonitor, open_udev_monitor
-from backends.simulation.profile import ProfileError
+from agent.slices.publisher import Publisher
 
 __all__ = ["Agent", "open_kernel_events", "run"]
 
@@ -151,7 +150,7 @@ class Agent:
 
 def open_kernel_events(settings: Settings, host: Host) -> tuple[UdevMonitor | None, LinkMonitor | None]:
     """The uevent and link monitors, opened in the host's network namespace wherever the agent runs (see
-    agent/host_netns.py), receiving already but not yet read; each None where it cannot be opened."""
+    agent/node/host_netns.py), receiving already but not yet read; each None where it cannot be opened."""
     netns = resolve_host_netns(settings.host_netns, host.host_root, simulated=host.profile is not None)
     return open_udev_monitor(host, netns=netns), open_link_monitor(netns)
 
@@ -190,7 +189,7 @@ async def run(settings: Settings) -> int:
             stack.push_async_callback(agent.stop)
             await agent.start()
             await stop.wait()
-    except (ProfileError, HostError) as e:
+    except HostError as e:
         log.error("cannot start", error=str(e))
         return 2
     except (KubeError, CheckpointError, InstanceError, SocketError, OSError) as e:

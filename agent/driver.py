@@ -17,27 +17,27 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint import Checkpoint, CheckpointError
-from agent.claim_cdi import CLASS, vendor
-from agent.claim_plan import Owner
-from agent.claim_records import ClaimRecord
-from agent.device_health import HealthBoard
-from agent.events import EventRecorder
-from agent.health import HealthStream
-from agent.instances import Instances
-from agent.inventory import BackendReport, Pool, discover_all, log_unserved, merge_pools
-from agent.kube import KubeClient
-from agent.kubelet_plugin import KubeletPlugin
-from agent.locks import FileLock
+from agent.claims.cdi import CLASS, vendor
+from agent.claims.checkpoint import Checkpoint, CheckpointError
+from agent.claims.instances import Instances
+from agent.claims.locks import FileLock
+from agent.claims.plan import Owner
+from agent.claims.preparer import Preparer
+from agent.claims.reaper import Reaper
+from agent.claims.records import ClaimRecord
+from agent.claims.recovery import recover
+from agent.events.recorder import EventRecorder
+from agent.kube.client import KubeClient
+from agent.kubelet.health_stream import HealthStream
+from agent.kubelet.plugin import KubeletPlugin
 from agent.logs import get_logger
 from agent.metrics import Metrics
-from agent.preparer import Preparer
-from agent.publisher import Features, Publisher
-from agent.reaper import Reaper
-from agent.recovery import recover
+from agent.node.health_board import HealthBoard
+from agent.node.inventory import BackendReport, Pool, discover_all, log_unserved, merge_pools
 from agent.settings import Settings
-from agent.slices import pool_slices
-from agent.taints import TaintPolicy, device_taints
+from agent.slices.build import pool_slices
+from agent.slices.publisher import Features, Publisher
+from agent.slices.taints import TaintPolicy, device_taints
 from backends.contract import DevicesChanged, Health, HealthEvent
 from cdi.store import SpecStore
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from agent.api_names import is_dns_label, is_driver_name, is_node_name
+from agent.kube.names import is_dns_label, is_driver_name, is_node_name
 
 __all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings"]
 
@@ -101,7 +101,7 @@ class Settings(BaseModel):
         if not v.is_absolute():
             raise ValueError("must be an absolute path, e.g. /host or /host/run/nvidia/driver")
         host = info.data.get("host_root")
-        # A simulated node brings its own host root, known only once the node is open (agent.host checks there).
+        # A simulated node brings its own host root, known only once the node is open (agent.node.host checks there).
         if info.data.get("simulate") is None and isinstance(host, Path) and not lies_under(v, host):
             raise ValueError(f"must lie under host_root {host}: the container runtime on the host finds the "
                              "driver's files at the part of this path below host_root (e.g. host_root /host, "

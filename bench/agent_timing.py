@@ -28,9 +28,9 @@ TIMES, TIMED = "DRA_BENCH_TIMES", "DRA_BENCH_TIMED"
 
 Record = Callable[[str, float, float], None]
 
-AGENT_SPANS = [("prepare", "agent.kubelet_api:_DraServicer.NodePrepareResources"),
-               ("unprepare", "agent.kubelet_api:_DraServicer.NodeUnprepareResources"),
-               ("claim-read", "agent.kube:KubeClient.get_claim")]
+AGENT_SPANS = [("prepare", "agent.kubelet.services:_DraServicer.NodePrepareResources"),
+               ("unprepare", "agent.kubelet.services:_DraServicer.NodeUnprepareResources"),
+               ("claim-read", "agent.kube.client:KubeClient.get_claim")]
 """What `agent_share` needs timed: the agent's handling of a kubelet call, and its read of the claim."""
 
 

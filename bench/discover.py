@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from backends.simulation.profile import load_profile
+from simulator.node.profile import load_profile
 
 
 def profile_with_vfs(vfs: int, folder: Path) -> Path:

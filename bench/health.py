@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.kubelet_api import DeviceHealthReport, HealthStatus
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
-from backends.simulation.nvml_control import request
-from backends.simulation.udev_events import UdevInjector
-from backends.simulation.udev_preload import UdevPreloadError, environment
+from agent.kubelet.services import DeviceHealthReport, HealthStatus
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.nvml.control import request
+from simulator.udev.hotplug import UdevInjector
+from simulator.udev.preload import UdevPreloadError, environment
 from tests.agent_env import NODE, AgentProcess, memory_dir, settings_for, wait_until
 
 GPU_DRIVER, NIC_DRIVER = "gpu.nvidia.com", "sriov.dra-agent.io"

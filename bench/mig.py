@@ -33,15 +33,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator
 from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.nvml import nvml_session, use_driver_root
 from backends.nvidia.nvml_mig import create_compute_instance, create_gpu_instance, destroy_mig
-from backends.simulation.node import simulated_node
-from backends.simulation.profile import load_profile
 from bench.agent_timing import AGENT_SPANS, agent_share, environment, spans_within
 from bench.machine import conditions
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator
+from simulator.node.node import simulated_node
+from simulator.node.profile import load_profile
 from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for
 
 GPU = "gpu.nvidia.com"

@@ -27,15 +27,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
 from bench.agent_timing import environment, spans_within
 from bench.discover import profile_with_vfs
 from bench.machine import conditions
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator, Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
-KERNEL_START = "backends.simulation.kernel_process:KernelProcess.start"
+KERNEL_START = "simulator.kernel.process:KernelProcess.start"
 
 
 def rss_mb(pid: int) -> float:

@@ -23,13 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.kube import KubeClient
+from agent.kube.client import KubeClient
 from agent.logs import get_logger
-from agent.publisher import Publisher
-from agent.slices import pool_slices
-from agent.testing.apiserver import TestApiServer
+from agent.slices.build import pool_slices
+from agent.slices.publisher import Publisher
 from backends.contract import Device
 from bench.discover import profile_with_vfs
+from simulator.apiserver.server import TestApiServer
 from tests.agent_env import NODE, AgentProcess, settings_for, wait_until
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -35,10 +35,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
 from bench.agent_timing import AGENT_SPANS, agent_share, environment, spans_within
 from bench.machine import conditions
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator, Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for, wait_until
 
 GPU, SRIOV = "gpu.nvidia.com", "sriov.dra-agent.io"

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.daemon import Agent
-from agent.host import open_host
-from agent.kube import KubeClient
+from agent.kube.client import KubeClient
+from agent.node.host import open_host
 from agent.settings import Settings
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
 from backends.contract import ClaimRef
-from backends.simulation.node_services import served_nvml
-from backends.simulation.nvml import SimulatedNvml
+from simulator.apiserver.server import TestApiServer
+from simulator.kernel.services import served_nvml
+from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.nvml.api import SimulatedNvml
 from tests.timing import scaled
 
 NODE = "node-a"

@@ -14,7 +14,7 @@ import pytest
 from agent.cli import main
 from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.nvml import use_driver_root
-from backends.simulation.node import SimulatedNode, simulated_node
+from simulator.node.node import SimulatedNode, simulated_node
 from tests.agent_env import memory_dir
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.host_netns import in_netns
+from agent.node.host_netns import in_netns
 
 EVENT_TIMEOUT = 5.0
 """Seconds a message the kernel (or udevd) sends may take to arrive."""

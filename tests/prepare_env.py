@@ -9,17 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint import Checkpoint
-from agent.claim_cdi import CLASS, vendor
-from agent.claim_plan import Owner
-from agent.host import Host
-from agent.inventory import BackendReport, discover_all, start_all, stop_all
+from agent.claims.cdi import CLASS, vendor
+from agent.claims.checkpoint import Checkpoint
+from agent.claims.plan import Owner
+from agent.claims.preparer import Preparer
 from agent.logs import get_logger
-from agent.plugins import LoadedPlugin, find_plugins, load_plugins
-from agent.preparer import Preparer
+from agent.node.host import Host
+from agent.node.inventory import BackendReport, discover_all, start_all, stop_all
+from agent.node.plugins import LoadedPlugin, find_plugins, load_plugins
 from backends.contract import ClaimRef
-from backends.simulation.node import SimulatedNode
 from cdi.store import SpecStore
+from simulator.node.node import SimulatedNode
 
 NODE = "node-a"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import kubernetes_validate
 
-from agent.slice_rules import validate_pool, validate_resource_slice
+from agent.slices.rules import validate_pool, validate_resource_slice
 
 KUBERNETES_VERSION = "1.37"
 

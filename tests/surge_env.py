@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator, Plugin
 from tests.agent_env import NODE, AgentProcess, settings_for
 from tests.timing import scaled
 
@@ -32,7 +32,7 @@ def kernels(root: Path) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"backends.simulation.kernel_process" in argv and str(root).encode() in argv:
+        if b"simulator.kernel.process" in argv and str(root).encode() in argv:
             found.append(int(entry))
     return found
 

@@ -12,9 +12,9 @@ import pynvml
 import pytest
 import yaml
 
-from agent.testing.kubelet import KubeletSimulator
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
-from backends.simulation.variants import in_mig_mode
+from simulator.kubelet import KubeletSimulator
+from simulator.node.variants import in_mig_mode
 from tests.agent_env import agent_in_process, allocate, simulated_nvml
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.testing.allocation import Allocation, Unallocatable, allocate
-from agent.testing.cel import CelError
+from simulator.scheduler.allocation import Allocation, Unallocatable, allocate
+from simulator.scheduler.cel import CelError
 from tests.allocation_env import (
     claim,
     device,

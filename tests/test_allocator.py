@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agent.kube import KubeClient
-from agent.testing.allocation import Unallocatable
-from agent.testing.allocator import Allocator
-from agent.testing.apiserver import TestApiServer
+from agent.kube.client import KubeClient
+from simulator.apiserver.server import TestApiServer
+from simulator.scheduler.allocation import Unallocatable
+from simulator.scheduler.allocator import Allocator
 from tests.allocation_env import claim, device_classes, discovered, exactly, example_claim
 
 NODE = "dgx-h100"

@@ -20,7 +20,7 @@ import yaml
 from kubernetes.aio import client, config, watch
 from kubernetes.aio.client.exceptions import ApiException
 
-from agent.testing.apiserver import TestApiServer
+from simulator.apiserver.server import TestApiServer
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DRIVER = "gpu.example.com"
@@ -604,7 +604,7 @@ async def test_keep_alive_gets_are_not_held_back_by_nagle(server: TestApiServer,
 async def test_standalone_module_serves_until_sigterm(scratch: Path) -> None:
     kubeconfig = scratch / "standalone.kubeconfig"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.testing.apiserver", "--port", "0", "--kubeconfig", str(kubeconfig),
+        sys.executable, "-m", "simulator.apiserver.server", "--port", "0", "--kubeconfig", str(kubeconfig),
         "--node", "node-a", stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:

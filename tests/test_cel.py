@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.testing.cel import CelError, compile_selector, device_value
+from simulator.scheduler.cel import CelError, compile_selector, device_value
 
 GPU: dict[str, Any] = {
     "name": "gpu-0",

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import checkpoint as cp
-from agent.checkpoint import Checkpoint, CheckpointDamaged, CheckpointError
-from agent.claim_records import DeviceRecord
+from agent.claims import checkpoint as cp
+from agent.claims.checkpoint import Checkpoint, CheckpointDamaged, CheckpointError
+from agent.claims.records import DeviceRecord
 from cdi.spec import ContainerEdits, DeviceNode, Mount
 
 BOOT = "11111111-1111-1111-1111-111111111111"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator
 from backends.contract import ClaimRef
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator
 from tests.agent_env import NODE, AgentProcess, allocate, plugin_after_restart, settings_for, wait_until
 from tests.timing import scaled
 

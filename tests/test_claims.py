@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent.claims import ClaimError, check_reference, configs_for, read_allocation
-from agent.opaque import effective_config
+from agent.claims.opaque import effective_config
+from agent.claims.read import ClaimError, check_reference, configs_for, read_allocation
 from backends.contract import ClaimRef
 from backends.nvidia.config import GpuConfig
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.testing.conformance import BackendSuite, Target
 from backends.config import CONFIG_API_VERSION
+from simulator.conformance import BackendSuite, Target
 
 PROFILES = Path(__file__).parent / "conformance_profiles"
 VFIO = {"apiVersion": CONFIG_API_VERSION, "kind": "VfioConfig"}

@@ -14,7 +14,7 @@ pytest_plugins = ["pytester"]
 HERE = Path(__file__).parent / "conformance_broken"
 
 AUTHOR_MODULE = '''
-from agent.testing.conformance import BackendSuite
+from simulator.conformance import BackendSuite
 from fpga_backends import {backend}
 
 class TestFpga(BackendSuite):
@@ -70,7 +70,7 @@ BROKEN = {
 
 def test_broken_backends_fail_with_what_to_fix(author: pytest.Pytester) -> None:
     classes = sorted({backend for backend, _ in BROKEN})
-    author.makepyfile(test_fpga="from agent.testing.conformance import BackendSuite\n"
+    author.makepyfile(test_fpga="from simulator.conformance import BackendSuite\n"
                       f"from fpga_backends import {', '.join(classes)}\n" + "".join(
                           f"\nclass Test{c}(BackendSuite):\n    backend = {c}\n    profile = 'fpga-node.yaml'\n"
                           for c in classes))
@@ -99,7 +99,7 @@ def _failure_reports(lines: list[str]) -> dict[str, str]:
 
 
 def test_a_suite_without_a_backend_says_what_to_set(author: pytest.Pytester) -> None:
-    author.makepyfile(test_fpga="from agent.testing.conformance import BackendSuite\n\n"
+    author.makepyfile(test_fpga="from simulator.conformance import BackendSuite\n\n"
                                 "class TestFpga(BackendSuite):\n    pass\n")
     result = author.runpytest_inprocess("-k", "test_contract")
     result.assert_outcomes(errors=1)
@@ -107,7 +107,7 @@ def test_a_suite_without_a_backend_says_what_to_set(author: pytest.Pytester) -> 
 
 
 def test_an_uninstalled_entry_point_is_named(author: pytest.Pytester) -> None:
-    author.makepyfile(test_fpga="from agent.testing.conformance import BackendSuite\n\n"
+    author.makepyfile(test_fpga="from simulator.conformance import BackendSuite\n\n"
                                 "class TestFpga(BackendSuite):\n    backend = 'no-such-backend'\n"
                                 "    profile = 'fpga-node.yaml'\n")
     result = author.runpytest_inprocess("-k", "test_contract")

@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.checkpoint import Checkpoint
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletError, KubeletSimulator
+from agent.claims.checkpoint import Checkpoint
 from backends.failpoints import POINTS
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletError, KubeletSimulator
 from tests.agent_env import NODE, AgentProcess, allocate, plugin_after_restart, settings_for, wait_until
 
 GPU = "gpu.nvidia.com"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.demo import SCENARIOS, SEEDS, plan_for, run_demo
-from agent.demo_claims import device_classes
-from agent.demo_cluster import DemoError
-from agent.demo_story import Story
+from simulator.demo.claims import device_classes
+from simulator.demo.cluster import DemoError
+from simulator.demo.command import SCENARIOS, SEEDS, plan_for, run_demo
+from simulator.demo.story import Story
 from tests.agent_env import memory_dir
 
 ROOT = Path(__file__).resolve().parent.parent

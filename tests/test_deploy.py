@@ -26,16 +26,16 @@ import pytest
 import yaml
 
 from agent.cli import build_parser, main
-from agent.events import EventRecorder, Pacing
-from agent.kube import KubeClient
+from agent.events.recorder import EventRecorder, Pacing
+from agent.kube.client import KubeClient
+from agent.kube.quantity import parse_quantity
 from agent.metrics import Metrics, MetricsServer
-from agent.plugins import find_plugins, load_plugins
-from agent.quantity import parse_quantity
+from agent.node.plugins import find_plugins, load_plugins
+from agent.node.udev import DEFAULT_SOURCE
 from agent.settings import Settings, SettingsError, load_settings
-from agent.testing.apiserver import TestApiServer
-from agent.udev import DEFAULT_SOURCE
 from backends.contract import ClaimRef
-from backends.simulation.profile import builtin_profiles
+from simulator.apiserver.server import TestApiServer
+from simulator.node.profile import builtin_profiles
 from tests.agent_env import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.device_health import HealthBoard
-from agent.device_rules import validate_device
-from agent.health import HealthStream
-from agent.kubelet_api import HealthStatus
-from agent.taints import TaintPolicy, device_taints
+from agent.kubelet.health_stream import HealthStream
+from agent.kubelet.services import HealthStatus
+from agent.node.health_board import HealthBoard
+from agent.slices.device_rules import validate_device
+from agent.slices.taints import TaintPolicy, device_taints
 from backends.contract import Health, HealthEvent
 from tests.agent_env import NODE, agent_in_process
 
@@ -125,7 +125,7 @@ async def test_concurrent_streams_get_the_same_lists() -> None:
 
 @pytest.mark.slow
 async def test_a_kubelet_connected_for_100_seconds_gets_at_least_six_lists(scratch: Path) -> None:
-    from agent.testing.kubelet import KubeletSimulator
+    from simulator.kubelet import KubeletSimulator
 
     async with agent_in_process(scratch, "gke-g2-l4") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
         plugin = await kubelet.wait_for_plugin("gpu.nvidia.com")

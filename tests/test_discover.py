@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from backends.simulation.profile import builtin_profiles
+from simulator.node.profile import builtin_profiles
 from tests.conftest import CliResult
 from tests.slice_checks import assert_valid_slices
 

@@ -10,8 +10,8 @@ import structlog
 
 from backends.contract import Inventory
 from backends.nvidia.common import nvidia_gpus_in_sysfs, read_nvml
-from backends.simulation.node import SimulatedNode
 from backends.vfio_sysfs import Deadline, Rebinder
+from simulator.node.node import SimulatedNode
 from tests.conftest import CliResult
 from tests.slice_checks import assert_valid_slices
 

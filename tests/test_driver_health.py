@@ -15,18 +15,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.checkpoint import read_boot_id
+from agent.claims.checkpoint import read_boot_id
+from agent.claims.instances import Instances
 from agent.driver import Driver, DriverSetup
-from agent.instances import Instances
-from agent.inventory import BackendReport
-from agent.kube import KubeClient
-from agent.kubelet_api import HealthStatus
+from agent.kube.client import KubeClient
+from agent.kubelet.services import HealthStatus
 from agent.logs import get_logger
 from agent.metrics import Metrics, MetricsServer
-from agent.plugins import FoundPlugin, LoadedPlugin
-from agent.publisher import Publisher
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
+from agent.node.inventory import BackendReport
+from agent.node.plugins import FoundPlugin, LoadedPlugin
+from agent.slices.publisher import Publisher
 from backends.contract import (
     Allocated,
     BackendContext,
@@ -40,6 +38,8 @@ from backends.contract import (
     Unserved,
 )
 from cdi.spec import ContainerEdits, DeviceNode
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator, Plugin
 from tests.agent_env import NODE, allocate, settings_for, wait_until
 
 DRIVER = "accel.example.com"

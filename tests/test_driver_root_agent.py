@@ -19,12 +19,12 @@ import aiohttp
 import pytest
 import yaml
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator
-from backends.simulation.driver_files import install_driver
-from backends.simulation.layout import plan_node
-from backends.simulation.nvml_control import request
-from backends.simulation.profile import load_profile
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator
+from simulator.node.driver_install import install_driver
+from simulator.node.layout import plan_node
+from simulator.node.profile import load_profile
+from simulator.nvml.control import request
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 from tests.cdi_schema import cdi_schema_errors
 

@@ -1,4 +1,4 @@
-"""The rules of events.k8s.io/v1 Events (agent/event_rules.py): how the agent builds one, what the server
+"""The rules of events.k8s.io/v1 Events (agent/events/rules.py): how the agent builds one, what the server
 accepts."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.api_names import is_dns_subdomain
-from agent.event_rules import (
+from agent.events.rules import (
     NOTE_LIMIT,
     Reference,
     check_fields,
@@ -25,6 +24,7 @@ from agent.event_rules import (
     validate_event,
     validate_event_update,
 )
+from agent.kube.names import is_dns_subdomain
 
 POD_UID = "3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b"
 CLAIM = Reference("resource.k8s.io/v1", "ResourceClaim", "my-claim", "team-a", "0b6f0c52-9d6f-4d4e-9c1e-2a1f0d1f7e11")

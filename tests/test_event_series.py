@@ -1,4 +1,4 @@
-"""Aggregation of repeated Events into series and the pace of their writes (agent/event_series.py): pure, the
+"""Aggregation of repeated Events into series and the pace of their writes (agent/events/series.py): pure, the
 time passed in."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.event_series import Occurrences, SeriesCache, TokenBucket
+from agent.events.series import Occurrences, SeriesCache, TokenBucket
 
 
 def body(name: str = "my-claim.1") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The event recorder (agent/events.py) against the test API server: what it writes, how repeats become one
+"""The event recorder (agent/events/recorder.py) against the test API server: what it writes, how repeats become one
 Event's series, and how it behaves when the server fails, hangs or refuses."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from agent.device_health import HEALTHY, DeviceState
-from agent.event_rules import is_micro_time
-from agent.events import CONTROLLER, EventRecorder, Pacing
-from agent.kube import KubeClient
+from agent.events.recorder import CONTROLLER, EventRecorder, Pacing
+from agent.events.rules import is_micro_time
+from agent.kube.client import KubeClient
 from agent.metrics import Metrics
-from agent.taints import TaintPolicy
-from agent.testing.apiserver import TestApiServer
+from agent.node.health_board import HEALTHY, DeviceState
+from agent.slices.taints import TaintPolicy
 from backends.contract import ClaimRef, Health
+from simulator.apiserver.server import TestApiServer
 from tests.agent_env import wait_until
 
 NODE, DRIVER, POD_UID = "node-a", "gpu.nvidia.com", "3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b"

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from agent import checkpoint
-from agent.events import CONTROLLER
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator, Plugin
+from agent.claims import checkpoint
+from agent.events.recorder import CONTROLLER
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator, Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU = "gpu.nvidia.com"

@@ -14,9 +14,9 @@ import pynvml
 import pytest
 import yaml
 
-from agent.testing.kubelet import KubeletError, KubeletSimulator
 from backends.nvidia.nvml import nvml_session
-from backends.simulation.node import SimulatedNode
+from simulator.kubelet import KubeletError, KubeletSimulator
+from simulator.node.node import SimulatedNode
 from tests.agent_env import (
     agent_in_process,
     allocate,

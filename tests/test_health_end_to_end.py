@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from agent.kubelet_api import HealthStatus
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import HealthView, KubeletSimulator, Plugin
-from backends.simulation.nvml_control import request
-from backends.simulation.udev_events import UdevInjector
+from agent.kubelet.services import HealthStatus
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import HealthView, KubeletSimulator, Plugin
+from simulator.nvml.control import request
+from simulator.udev.hotplug import UdevInjector
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 from tests.udev_env import preload_env
 

@@ -20,12 +20,12 @@ from structlog.testing import capture_logs
 
 from agent.cli import build_parser
 from agent.daemon import Agent, open_kernel_events
-from agent.host import Host, open_host
-from agent.host_netns import HOST_NETNS_FILE, NetnsError, in_netns, resolve_host_netns, sysfs_netdevs_problem
-from agent.kube import KubeClient
+from agent.kube.client import KubeClient
+from agent.node.host import Host, open_host
+from agent.node.host_netns import HOST_NETNS_FILE, NetnsError, in_netns, resolve_host_netns, sysfs_netdevs_problem
 from agent.settings import Settings, SettingsError, load_settings
-from agent.testing.apiserver import TestApiServer
 from backends.sriov import SriovNicBackend
+from simulator.apiserver.server import TestApiServer
 from tests.agent_env import NODE, settings_for
 from tests.netns_env import EVENT_TIMEOUT, QUIET, Namespaces, ip, made_namespaces, netns_inode
 
@@ -221,9 +221,9 @@ _UNPRIVILEGED_CHILD = """
 import fcntl, json, os, sys
 from pathlib import Path
 from structlog.testing import capture_logs
-from agent.host import Host
-from agent.links import open_link_monitor
-from agent.udev import open_udev_monitor
+from agent.node.host import Host
+from agent.node.link_monitor import open_link_monitor
+from agent.node.udev import open_udev_monitor
 
 def netns(fd):
     found = fcntl.ioctl(fd, 0x894C)

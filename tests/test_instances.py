@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint import Checkpoint
-from agent.instances import InstanceError, Instances
+from agent.claims.checkpoint import Checkpoint
+from agent.claims.instances import InstanceError, Instances
+from agent.claims.preparer import Preparer
+from agent.claims.recovery import recover
 from agent.logs import get_logger
-from agent.preparer import Preparer
-from agent.recovery import recover
 from cdi.store import SpecStore
 
 POD_A, POD_B = "3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b", "7c1d2e3f-4a5b-4e6f-8a9b-3f8e4c1a5b2d"
@@ -31,7 +31,7 @@ def holder(state: Path, pod_uid: str | None) -> Iterator[tuple[subprocess.Popen[
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from agent.instances import Instances
+        from agent.claims.instances import Instances
         me = Instances(Path({str(state)!r})).register({pod_uid!r})
         print(me.id, flush=True)
         sys.stdin.read()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.kubelet_api import SUPPORTED_VERSIONS, HealthStatus, PluginInfo
-from agent.testing.kubelet import KubeletSimulator
+from agent.kubelet.services import SUPPORTED_VERSIONS, HealthStatus, PluginInfo
 from backends.contract import ClaimRef
+from simulator.kubelet import KubeletSimulator
 from tests.agent_env import NODE, InProcess, agent_in_process, allocate
 from tests.slice_checks import assert_valid_slices
 
@@ -144,7 +144,7 @@ async def test_rolling_update_instances_have_their_own_sockets(scratch: Path) ->
 
 
 def test_proxy_comes_from_the_environment_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent.kube import _environment_proxy
+    from agent.kube.client import _environment_proxy
 
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example.com:3128")
     monkeypatch.setenv("NO_PROXY", "10.0.0.1,.svc")

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.kubelet_api import (
+from agent.kubelet.services import (
     DRA_PLUGIN_TYPE,
     SUPPORTED_VERSIONS,
     ClaimResult,
@@ -24,8 +24,8 @@ from agent.kubelet_api import (
     add_dra_services,
     add_registration_service,
 )
-from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin, RegistrationRefused
 from backends.contract import ClaimRef
+from simulator.kubelet import KubeletError, KubeletSimulator, Plugin, RegistrationRefused
 
 DRIVER = "gpu.example.com"
 CLAIM_A = ClaimRef(uid="uid-a", namespace="ns", name="claim-a")

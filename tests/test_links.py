@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from agent.links import (
+from agent.node.link_monitor import (
     IFF_LOWER_UP,
     IFF_UP,
     IFLA_IFNAME,
@@ -27,9 +27,9 @@ from agent.links import (
     open_link_monitor,
 )
 from backends.contract import BackendContext, Health, HealthEvent
-from backends.simulation.node import SimulatedNode
 from backends.sriov import SriovNicBackend
 from backends.topology import TopologyReader, device_name
+from simulator.node.node import SimulatedNode
 
 RTM_NEWADDR = 20
 

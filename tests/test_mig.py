@@ -18,7 +18,6 @@ import pytest
 import structlog
 import yaml
 
-from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
 from backends.contract import BackendContext
 from backends.failpoints import MIG_POINTS
 from backends.nvidia import mig_dynamic
@@ -29,9 +28,10 @@ from backends.nvidia.mig_layout import GiProfile, Placement, layout, valid_combi
 from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from backends.nvidia.nvml_mig import gpu_instance_profiles
-from backends.simulation.node import SimulatedNode, mig_minor
-from backends.simulation.variants import in_mig_mode
 from backends.topology import TopologyReader
+from simulator.kubelet import KubeletError, KubeletSimulator, Plugin
+from simulator.node.node import SimulatedNode, mig_minor
+from simulator.node.variants import in_mig_mode
 from tests.agent_env import agent_in_process, allocate, lose_claims, plugin_after_restart, two_agents
 from tests.slice_checks import assert_valid_slices
 from tests.surge_env import made_on_node

@@ -13,9 +13,9 @@ import pynvml
 import pytest
 import yaml
 
-from agent.inventory import BackendReport, merge_pools
-from agent.testing.kubelet import KubeletError, KubeletSimulator, Plugin
+from agent.node.inventory import BackendReport, merge_pools
 from backends.failpoints import MIG_WHOLE_POINTS
+from simulator.kubelet import KubeletError, KubeletSimulator, Plugin
 from tests.agent_env import (
     InProcess,
     agent_in_process,

@@ -2,7 +2,7 @@
 `hostNetwork`), on this machine's real kernel.
 
 Two namespaces stand for the node's and a pod's; sockets are opened in each from a thread inside it, links are
-changed in the "host" one, and the tests assert what arrives where. The findings, on which agent/host_netns.py
+changed in the "host" one, and the tests assert what arrives where. The findings, on which agent/node/host_netns.py
 rests:
 
 - rtnetlink link messages: only in the link's namespace;
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.links import link_changes
+from agent.node.link_monitor import link_changes
 from tests.netns_env import (
     NETLINK_KOBJECT_UEVENT,
     QUIET,
@@ -176,7 +176,7 @@ def test_udevd_events_reach_only_udevds_namespace(namespaces: Namespaces) -> Non
 _SYSFS_CHILD = """
 import json, os, subprocess, sys
 from pathlib import Path
-from agent.host_netns import sysfs_netdevs_problem
+from agent.node.host_netns import sysfs_netdevs_problem
 pod, host, folder = sys.argv[1:4]
 shown = {}
 for name, netns in (("pod", pod), ("host", host)):

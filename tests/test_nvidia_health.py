@@ -20,13 +20,13 @@ import structlog
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-import backends.nvidia.health as watcher_module
+import backends.nvidia.health_watcher as watcher_module
 from backends.contract import BackendContext, DevicesChanged, Health, HealthEvent
 from backends.nvidia.gpu import NvidiaGpuBackend
 from backends.nvidia.mig import NvidiaMigBackend
-from backends.simulation.node import SimulatedNode
-from backends.simulation.nvml_events import SUPPORTED_EVENTS
 from backends.topology import TopologyReader, device_name
+from simulator.node.node import SimulatedNode
+from simulator.nvml.events import SUPPORTED_EVENTS
 
 Item = HealthEvent | DevicesChanged
 Nvidia = NvidiaGpuBackend | NvidiaMigBackend

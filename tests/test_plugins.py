@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.plugins import check_backend, find_plugins, load_plugins
+from agent.node.plugins import check_backend, find_plugins, load_plugins
 from tests.conftest import CliResult
 from tests.slice_checks import assert_valid_slices
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.contract import ClaimRef
-from backends.simulation.node import SimulatedNode
+from simulator.node.node import SimulatedNode
 from tests.prepare_env import NODE, prepare_env
 
 GPU = "gpu.nvidia.com"

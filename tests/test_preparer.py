@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint import Checkpoint
-from agent.claim_records import DeviceRecord
-from agent.recovery import recover
+from agent.claims.checkpoint import Checkpoint
+from agent.claims.records import DeviceRecord
+from agent.claims.recovery import recover
 from backends.contract import Allocated, ClaimRef, Prepared, PrepareError
-from backends.simulation.node import SimulatedNode
+from simulator.node.node import SimulatedNode
 from tests.cdi_schema import cdi_schema_errors
 from tests.prepare_env import PrepareEnv, prepare_env
 

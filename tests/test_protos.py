@@ -7,20 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent._proto import dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
+from agent.kubelet._proto import dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = ROOT / "agent" / "_proto"
+PROTO = ROOT / "agent" / "kubelet" / "_proto"
 
 
 def test_stubs_are_generated_from_the_protos(scratch: Path) -> None:
-    copy = scratch / "agent" / "_proto"
+    copy = scratch / "agent" / "kubelet" / "_proto"
     copy.mkdir(parents=True)
     for proto in PROTO.glob("*.proto"):
         shutil.copy(proto, copy)
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--pyi_out=.", "--grpc_python_out=.",
-         *(f"agent/_proto/{p.name}" for p in PROTO.glob("*.proto"))],
+         *(f"agent/kubelet/_proto/{p.name}" for p in PROTO.glob("*.proto"))],
         cwd=scratch, check=True,
     )
     generated = sorted(p.name for p in copy.iterdir() if not p.name.endswith(".proto"))

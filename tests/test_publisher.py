@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from agent.kube import KubeClient
+from agent.kube.client import KubeClient
 from agent.logs import get_logger
-from agent.publisher import Features, Publisher
-from agent.slices import pool_slices
-from agent.testing.apiserver import TestApiServer
+from agent.slices.build import pool_slices
+from agent.slices.publisher import Features, Publisher
 from backends.contract import CounterConsumption, CounterSet, Device
+from simulator.apiserver.server import TestApiServer
 from tests.agent_env import wait_until
 from tests.slice_checks import assert_valid_slices
 
@@ -113,7 +113,7 @@ async def test_pool_with_owner_labels_generation_and_count(make_env: Callable[..
 
 async def test_the_owner_is_added_once_the_node_can_be_read(make_env: Callable[..., Any],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("agent.publisher.OWNER_RETRY", 0.3)
+    monkeypatch.setattr("agent.slices.publisher.OWNER_RETRY", 0.3)
     env = await make_env()
     env.server.fail("GET", f"/api/v1/nodes/{NODE}", 403, times=None)  # until the RBAC rule is fixed
     inventory = Inventory(GPU, devices(3))

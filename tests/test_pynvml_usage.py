@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pynvml
 
-from backends.simulation.nvml import SimulatedNvml
+from simulator.nvml.api import SimulatedNvml
 
 WRAPPERS = sorted((Path(__file__).resolve().parent.parent / "backends/nvidia").glob("nvml*.py"))
 _LOOKUP = re.compile(r'_nvmlGetFunctionPointer\("(\w+)"\)')
@@ -66,7 +66,7 @@ def test_simulated_symbols_are_ones_pynvml_looks_up() -> None:
 
 def test_event_constants_match_pynvml() -> None:
     from backends.nvidia.health_rules import NO_INSTANCE, WATCHED_EVENTS, EventType
-    from backends.simulation import nvml_events as simulated
+    from simulator.nvml import events as simulated
 
     assert EventType.XID == simulated.EVENT_XID == pynvml.nvmlEventTypeXidCriticalError
     assert EventType.DOUBLE_BIT_ECC == simulated.EVENT_DOUBLE_BIT_ECC == pynvml.nvmlEventTypeDoubleBitEccError

@@ -1,4 +1,4 @@
-"""Tests for agent.quantity: the Kubernetes quantity grammar, our formatting, semantic equality."""
+"""Tests for agent.kube.quantity: the Kubernetes quantity grammar, our formatting, semantic equality."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.quantity import format_quantity, parse_quantity, same_quantity
+from agent.kube.quantity import format_quantity, parse_quantity, same_quantity
 
 KI = 1024
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from agent.claim_records import ClaimRecord, DeviceRecord
+from agent.claims.reaper import Reaper, gone_reason
+from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.metrics import Metrics
-from agent.reaper import Reaper, gone_reason
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator
-from backends.simulation.node import SimulatedNode
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator
+from simulator.node.node import SimulatedNode
 from tests.agent_env import (
     AgentProcess,
     allocate,

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.checkpoint import Checkpoint
-from agent.kubelet_api import ClaimResult
-from agent.testing.kubelet import KubeletError, Plugin
+from agent.claims.checkpoint import Checkpoint
+from agent.claims.results import ClaimResult
 from backends.contract import ClaimRef
-from backends.simulation.nvml_control import request
+from simulator.kubelet import KubeletError, Plugin
+from simulator.nvml.control import request
 from tests.agent_env import allocate, journal_entries, wait_until
 from tests.surge_env import Surge, both_registered, made_on_node, surge_env
 from tests.timing import scaled
@@ -65,7 +65,7 @@ def half_in_mig_mode(folder: Path) -> Path:
     """dgx-h100 with the GPUs of its first two root complexes in MIG mode (dynamic MIG's), the others whole."""
     from importlib import resources
 
-    profile = yaml.safe_load((resources.files("backends.simulation") / "profiles/dgx-h100.yaml").read_text())
+    profile = yaml.safe_load((resources.files("simulator.node") / "profiles/dgx-h100.yaml").read_text())
     profile["name"] = "dgx-h100-half-mig"
     for complex_ in profile["root_complexes"][:2]:
         for port in complex_["ports"]:

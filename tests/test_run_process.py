@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletSimulator
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletSimulator
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU = "gpu.nvidia.com"

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.server import MAX_SOCKET_PATH, SocketError, UnixServer
+from agent.kubelet.grpc_server import MAX_SOCKET_PATH, SocketError, UnixServer
 
 
 def no_services(server: grpc.aio.Server) -> None:

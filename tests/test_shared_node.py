@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.simulation.nvml_control import request
-from backends.simulation.variants import in_mig_mode
+from simulator.node.variants import in_mig_mode
+from simulator.nvml.control import request
 from tests.agent_env import AgentProcess, allocate, wait_until
 from tests.surge_env import kernels, made_on_node, surge
 

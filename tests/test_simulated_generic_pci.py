@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.simulation.layout import plan_node
-from backends.simulation.node import SimulatedNode
-from backends.simulation.profile import NodeProfile, ProfileError, load_profile
-from backends.simulation.udev_events import UdevInjector
+from simulator.node.layout import plan_node
+from simulator.node.node import SimulatedNode
+from simulator.node.profile import NodeProfile, ProfileError, load_profile
+from simulator.udev.hotplug import UdevInjector
 from tests.agent_env import wait_until
 
 CARD = {"vendor": 0xACCE, "device": 0x0F01, "driver": "acme_fpga", "dev_nodes": ["acme/fpga{n}"],

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from backends.simulation.layout import PciFunction, plan_vf, vf_netdev
-from backends.simulation.node import SimulatedNode
 from backends.sriov import SriovNicBackend
 from backends.topology import device_name
+from simulator.node.layout import PciFunction, plan_vf, vf_netdev
+from simulator.node.node import SimulatedNode
 from tests.test_udev_events import Tree, dangling_links, inventory, tree
 
 

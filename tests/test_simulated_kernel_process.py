@@ -16,10 +16,10 @@ import pytest
 
 from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.nvml import nvml_session, use_driver_root
-from backends.simulation.kernel_process import KernelProcess, KernelProcessError
-from backends.simulation.node import simulated_node
-from backends.simulation.profile import load_profile
 from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
+from simulator.kernel.process import KernelProcess, KernelProcessError
+from simulator.node.node import simulated_node
+from simulator.node.profile import load_profile
 
 GPU_BDF = "0000:18:00.0"
 
@@ -47,8 +47,8 @@ def test_the_kernel_process_ends_with_the_process_that_started_it(scratch: Path)
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from backends.simulation.node import simulated_node\n"
-        "from backends.simulation import kernel_process\n"
+        "from simulator.node.node import simulated_node\n"
+        "from simulator.kernel import process as kernel_process\n"
         "started = []\n"
         "real = kernel_process.KernelProcess.start\n"
         "def start(self):\n"
@@ -95,8 +95,8 @@ def test_a_second_opener_attaches_and_the_kernel_lives_while_anyone_is_attached(
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from backends.simulation import kernel_process\n"
-        "from backends.simulation.node import simulated_node\n"
+        "from simulator.kernel import process as kernel_process\n"
+        "from simulator.node.node import simulated_node\n"
         "started = []\n"
         "real = kernel_process.KernelProcess.start\n"
         "def start(self):\n"

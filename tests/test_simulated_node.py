@@ -10,9 +10,9 @@ import pynvml
 import pytest
 
 from backends.nvidia.nvml import nvml_session
-from backends.simulation.layout import plan_node
-from backends.simulation.node import SimulatedNode
-from backends.simulation.profile import NodeProfile, ProfileError, load_profile
+from simulator.node.layout import plan_node
+from simulator.node.node import SimulatedNode
+from simulator.node.profile import NodeProfile, ProfileError, load_profile
 
 
 def profile(text: str, scratch: Path) -> NodeProfile:
@@ -130,7 +130,7 @@ def test_overlapping_mig_instances_are_refused(scratch: Path) -> None:
 
 
 def test_kept_node_is_reused_with_its_changes(scratch: Path) -> None:
-    from backends.simulation.node import simulated_node
+    from simulator.node.node import simulated_node
 
     root = scratch / "kept"
     with simulated_node("gke-g2-l4", root) as node:

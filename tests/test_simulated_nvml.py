@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.simulation.catalog import GPU_MODELS
-from backends.simulation.nvml import NO_INSTANCE, SimGpu, SimulatedNvml, SimulatedNvmlError
+from simulator.node.catalog import GPU_MODELS
+from simulator.nvml.api import NO_INSTANCE, SimGpu, SimulatedNvml, SimulatedNvmlError
 
 A100, H100, T4 = GPU_MODELS["A100-SXM4-40GB"], GPU_MODELS["H100-SXM5-80GB"], GPU_MODELS["Tesla-T4"]
 A100_UUID = "GPU-0a100000-0000-4000-8000-000000000001"

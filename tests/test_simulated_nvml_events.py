@@ -17,11 +17,11 @@ import pynvml
 import pytest
 
 from backends.nvidia.nvml import nvml_session
-from backends.simulation.catalog import GPU_MODELS
-from backends.simulation.node import SimulatedNode
-from backends.simulation.nvml import NO_INSTANCE, SimGpu, SimulatedNvml
-from backends.simulation.nvml_control import ControlError, control_socket, request, serve_control
-from backends.simulation.nvml_core import Client
+from simulator.node.catalog import GPU_MODELS
+from simulator.node.node import SimulatedNode
+from simulator.nvml.api import NO_INSTANCE, SimGpu, SimulatedNvml
+from simulator.nvml.control import ControlError, control_socket, request, serve_control
+from simulator.nvml.marshal import Client
 
 A100, T4 = GPU_MODELS["A100-SXM4-40GB"], GPU_MODELS["Tesla-T4"]
 A100_UUID = "GPU-0a100000-0000-4000-8000-000000000001"
@@ -341,7 +341,7 @@ def test_the_cli_injects_into_a_node_served_by_another_process(sim_node: Callabl
         _, event_set = _watch(1)
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "backends.simulation.nvml_events", "--sim-root",
+            return subprocess.run([sys.executable, "-m", "simulator.nvml.events", "--sim-root",
                                    str(node.root), *args], capture_output=True, text=True, timeout=30)
 
         gpu = node.nvml.gpus[1]

@@ -22,14 +22,14 @@ import pytest
 from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.ldcache import abi_flags, parse_ld_cache
 from backends.nvidia.nvml import NvmlUnavailable, loaded_library, nvml_session, use_driver_root
-from backends.simulation.catalog import GPU_MODELS
-from backends.simulation.driver_files import install_driver, nvml_server_socket
-from backends.simulation.ld_cache import library_order, write_ld_cache
-from backends.simulation.nvml import SimGpu, SimulatedNvml
-from backends.simulation.nvml_abi import SYMBOLS
-from backends.simulation.nvml_library import HELLO, SERVER_LINK, LibraryBuildError, build_library
-from backends.simulation.nvml_server import NvmlServer
-from backends.simulation.profile import NvidiaDriverSpec
+from simulator.node.catalog import GPU_MODELS
+from simulator.node.driver_install import install_driver, nvml_server_socket
+from simulator.node.ldconfig import library_order, write_ld_cache
+from simulator.node.profile import NvidiaDriverSpec
+from simulator.nvml.abi import SYMBOLS
+from simulator.nvml.api import SimGpu, SimulatedNvml
+from simulator.nvml.library import HELLO, SERVER_LINK, LibraryBuildError, build_library
+from simulator.nvml.server import NvmlServer
 
 H100, T4 = GPU_MODELS["H100-SXM5-80GB"], GPU_MODELS["Tesla-T4"]
 H100_UUID = "GPU-0a100000-0000-4000-8000-000000000001"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent.slice_plan import plan_pool
-from agent.slices import pool_slices
+from agent.slices.build import pool_slices
+from agent.slices.plan import plan_pool
 from backends.contract import CounterConsumption, CounterSet, Device
 
 DRIVER, NODE = "gpu.example.com", "node-a"

@@ -1,4 +1,5 @@
-"""Tests for agent.slice_rules and agent.device_rules, one table row per rule of reference/resourceslice.md section 2.
+"""Tests for agent.slices.rules and agent.slices.device_rules, one table row per rule of reference/resourceslice.md
+section 2.
 
 Each row mutates a valid baseline so that exactly one rule breaks, and states the exact set of
 error paths expected; the baseline itself yields no error.
@@ -15,9 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import device_rules
-from agent import slice_rules as rules
-from agent.api_names import (
+from agent.kube.names import (
     is_c_identifier,
     is_dns_label,
     is_dns_subdomain,
@@ -28,8 +27,9 @@ from agent.api_names import (
     is_qualified_name,
     is_semver,
 )
-from agent.device_rules import validate_device
-from agent.slice_rules import validate_pool, validate_resource_slice, validate_resource_slice_update
+from agent.slices import device_rules, rules
+from agent.slices.device_rules import validate_device
+from agent.slices.rules import validate_pool, validate_resource_slice, validate_resource_slice_update
 
 Obj = dict[str, Any]
 DEV = "spec.devices[0]"

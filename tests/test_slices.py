@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from agent.inventory import BackendReport, merge_pools
-from agent.plugins import FoundPlugin, LoadedPlugin
-from agent.slices import device_body, pool_slices, slice_index
+from agent.node.inventory import BackendReport, merge_pools
+from agent.node.plugins import FoundPlugin, LoadedPlugin
+from agent.slices.build import device_body, pool_slices, slice_index
 from backends.contract import CounterConsumption, CounterSet, Device, Inventory, Version
 from backends.topology import PciTopology
 from tests.slice_checks import assert_valid_slices

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from agent.settings import Settings
-from agent.testing.kubelet import KubeletSimulator
 from backends.config import parse_config
 from backends.contract import ConfigError
 from backends.sriov import SriovBackendConfig
+from simulator.kubelet import KubeletSimulator
 from tests.agent_env import agent_in_process, allocate, wait_until
 
 NIC = "sriov.dra-agent.io"

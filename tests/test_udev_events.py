@@ -16,17 +16,17 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from agent.host import open_host
-from agent.udev import open_udev_monitor
+from agent.node.host import open_host
+from agent.node.udev import open_udev_monitor
 from backends.base import BuiltinBackend
 from backends.contract import BackendContext
-from backends.simulation import udev_preload
-from backends.simulation.node import SimulatedNode
-from backends.simulation.udev_events import InjectionError, UdevInjector, main
-from backends.simulation.uevents import Uevent
 from backends.sriov import SriovNicBackend
 from backends.topology import TopologyReader, device_name
 from backends.tpu import TpuBackend
+from simulator.node.node import SimulatedNode
+from simulator.udev import preload as udev_preload
+from simulator.udev.delivery import Uevent
+from simulator.udev.hotplug import InjectionError, UdevInjector, main
 from tests.agent_env import settings_for
 from tests.udev_env import preload_env
 
@@ -183,7 +183,7 @@ def test_cli(sim_node: Callable[[str], SimulatedNode], capsys: pytest.CaptureFix
     assert main(["--sim-root", str(node.root.parent), "pci-remove", nic.bus_id]) == 2
     assert "holds no simulated node" in capsys.readouterr().err
     # As a module, the way docs/simulated-node.md shows it.
-    done = subprocess.run([sys.executable, "-m", "backends.simulation.udev_events", "--sim-root", str(node.root),
+    done = subprocess.run([sys.executable, "-m", "simulator.udev.hotplug", "--sim-root", str(node.root),
                            "pci-remove", nic.bus_id], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.startswith(f"pci-remove {nic.bus_id}: "), done.stderr
 

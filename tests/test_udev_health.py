@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.testing.apiserver import TestApiServer
-from backends.simulation.node import SimulatedNode
-from backends.simulation.udev_events import UdevInjector
 from backends.topology import device_name
+from simulator.apiserver.server import TestApiServer
+from simulator.node.node import SimulatedNode
+from simulator.udev.hotplug import UdevInjector
 from tests.agent_env import NODE, AgentProcess, settings_for, wait_until
 from tests.udev_env import Watcher, preload_env
 

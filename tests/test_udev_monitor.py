@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from agent.host import Host
-from agent.udev import UdevMonitor, open_udev_monitor
+from agent.node.host import Host
+from agent.node.udev import UdevMonitor, open_udev_monitor
 
 
 class FakeMonitor:

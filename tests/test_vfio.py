@@ -19,8 +19,6 @@ import pytest
 import structlog
 import yaml
 
-from agent.testing.apiserver import TestApiServer
-from agent.testing.kubelet import KubeletError, KubeletSimulator
 from backends.contract import Allocated, BackendContext, ClaimRef, Inventory, PrepareError
 from backends.failpoints import VFIO_POINTS
 from backends.journal import Journal
@@ -29,6 +27,8 @@ from backends.nvidia.nvml import nvml_session
 from backends.topology import TopologyReader
 from backends.vfio import Passthrough, VfioConfig
 from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
+from simulator.apiserver.server import TestApiServer
+from simulator.kubelet import KubeletError, KubeletSimulator
 from tests.agent_env import (
     NODE,
     AgentProcess,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from backends.simulation.udev_preload import UdevPreloadError, environment
+from simulator.udev.preload import UdevPreloadError, environment
 
 HARNESS = Path(__file__).with_name("udev_harness.py")
 

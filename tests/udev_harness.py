@@ -17,10 +17,10 @@ from typing import Any
 
 import pyudev
 
-from agent.host import Host
 from agent.logs import configure_logging, get_logger
-from agent.plugins import find_plugins, load_plugins
-from agent.udev import UdevMonitor, open_udev_monitor
+from agent.node.host import Host
+from agent.node.plugins import find_plugins, load_plugins
+from agent.node.udev import UdevMonitor, open_udev_monitor
 from backends.contract import Backend, BackendContext, DevicesChanged
 from backends.topology import TopologyReader
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from backends.base import DeviceEventQueue, pci_events_summary
 from backends.contract import DeviceEvents, DevicesChanged, Health, HealthEvent
-from backends.nvidia.health import HealthWatcher, Subscriber, subscribe, unsubscribe
 from backends.nvidia.health_rules import (
     GPU_LOST,
     NO_INSTANCE,
@@ -33,6 +32,7 @@ from backends.nvidia.health_rules import (
     unmonitored,
     worse,
 )
+from backends.nvidia.health_watcher import HealthWatcher, Subscriber, subscribe, unsubscribe
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

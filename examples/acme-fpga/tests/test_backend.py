@@ -11,9 +11,9 @@ from acme_fpga.backend import AcmeFpgaBackend
 
 from agent.logs import get_logger
 from backends.contract import BackendContext, ConfigError, Health, HealthEvent
-from backends.simulation.node import SimulatedNode, simulated_node
-from backends.simulation.udev_events import UdevInjector
 from backends.topology import TopologyReader
+from simulator.node.node import SimulatedNode, simulated_node
+from simulator.udev.hotplug import UdevInjector
 
 PROFILE = Path(__file__).parent.parent / "acme-node.yaml"
 CARD = "0000:04:00.0"

@@ -1,6 +1,6 @@
 """The acme-fpga-card backend passes dra-agent's conformance kit on the example node."""
 
-from agent.testing.conformance import BackendSuite, BadClaimConfig
+from simulator.conformance import BackendSuite, BadClaimConfig
 
 FPGA_CONFIG = {"apiVersion": "fpga.acme.example/v1", "kind": "FpgaConfig"}
 

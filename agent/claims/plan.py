@@ -1,0 +1,77 @@
+"""What preparing one claim means for a driver, decided before anything is touched: which backend owns each
+allocated device, the device's effective opaque configuration, its request names, and which devices were allocated
+with admin access. Also how the claims of one kubelet call are told apart by UID.
+
+Pure: works on the allocation read from the claim (agent/claims/read.py) and a lookup of device owners; raises
+ClaimError with a message for the pod's events when the claim cannot be prepared here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agent.claims.opaque import effective_config
+from agent.claims.read import ClaimAllocation, ClaimError, configs_for
+from backends.config import OpaqueConfig
+from backends.contract import Allocated, Backend, ClaimRef
+
+__all__ = ["Owner", "Plan", "one_per_uid", "plan_claim"]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The backend that owns a device."""
+
+    name: str
+    backend: Backend
+    config_types: tuple[type[OpaqueConfig], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What preparing one claim means: per backend, its devices with their effective configuration."""
+
+    allocation: ClaimAllocation
+    per_backend: dict[str, tuple[Owner, list[Allocated]]]
+    requests: dict[str, tuple[str, ...]]  # device → request names (subrequests stripped)
+    admin: frozenset[str]  # devices allocated with admin access
+
+
+def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Callable[[str], Owner | None]) -> Plan:
+    """The plan for a claim's devices of `driver` in this node's `pool`."""
+    per_backend: dict[str, tuple[Owner, list[Allocated]]] = {}
+    requests: dict[str, tuple[str, ...]] = {}
+    admin: set[str] = set()
+    for result in allocation.devices:
+        if result.pool != pool:
+            raise ClaimError(f"device {result.device} was allocated from pool {result.pool}; "
+                             f"this node's pool is {pool}")
+        owner = owner_of(result.device)
+        if owner is None:
+            raise ClaimError(f"device {result.device} is not a device of driver {driver} on this node")
+        config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
+        entry = per_backend.setdefault(owner.name, (owner, []))
+        if all(a.device != result.device for a in entry[1]):
+            entry[1].append(Allocated(result.device, result.request, config, result.admin_access))
+            if result.admin_access:
+                admin.add(result.device)
+        requests[result.device] = tuple(dict.fromkeys((*requests.get(result.device, ()), result.request_name)))
+    return Plan(allocation, per_backend, requests, frozenset(admin))
+
+
+def one_per_uid(claims: Sequence[ClaimRef], done: str) -> tuple[list[ClaimRef], dict[str, str]]:
+    """The claims of a kubelet call, each UID once; a UID named with two different names gets an error instead
+    ("... not `done`"), as no answer (keyed by UID) could say which of the two it is for."""
+    by_uid: dict[str, list[ClaimRef]] = {}
+    for ref in claims:
+        by_uid.setdefault(ref.uid, []).append(ref)
+    refs: list[ClaimRef] = []
+    clashes: dict[str, str] = {}
+    for uid, named in by_uid.items():
+        names = sorted({f"{r.namespace}/{r.name}" for r in named})
+        if len(names) > 1:
+            clashes[uid] = f"claim UID {uid} appears in one request as {' and '.join(names)}; not {done}"
+        else:
+            refs.append(named[0])
+    return refs, clashes

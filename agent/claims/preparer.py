@@ -1,0 +1,411 @@
+"""Prepare and unprepare claims for one DRA driver: crash-safe, idempotent, one result per claim.
+
+Prepare: read the claim (outside any lock, within its own deadline), keep this driver's devices, resolve their
+opaque configuration, then under the claim's and its devices' locks: answer from the checkpoint when already
+prepared (re-creating a lost CDI spec), refuse devices prepared for another claim, record `started`, let the owning
+backends prepare, write the claim's CDI spec, record `completed`, answer. Unprepare works from the checkpoint alone.
+A failure fails that claim only; whatever was done for it is undone. Devices allocated with admin access are not in
+use: they neither block nor are blocked by other claims. Start-up recovery is in agent/claims/recovery.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
+from typing import Any, Protocol
+
+from structlog.typing import FilteringBoundLogger
+
+from agent.claims.cdi import cdi_device_id, claim_spec
+from agent.claims.checkpoint import Checkpoint
+from agent.claims.locks import FileLock, KeyedLocks
+from agent.claims.plan import Owner, Plan, one_per_uid, plan_claim
+from agent.claims.read import ClaimError, check_reference, read_allocation
+from agent.claims.records import ClaimRecord, DeviceRecord
+from agent.claims.results import ClaimResult, PreparedDeviceResult
+from agent.metrics import Metrics
+from backends.contract import Allocated, Backend, BackendError, ClaimRef, Prepared
+from backends.failpoints import failpoint
+from cdi.store import SpecStore
+
+__all__ = ["CLAIM_READ_SECONDS", "ClaimReader", "Preparer"]
+
+BACKEND_TIMEOUT = 40.0
+"""Seconds a backend may take for one claim: below the kubelet's 45 s deadline, so the claim gets an answer."""
+CLAIM_READ_SECONDS = 10.0
+"""Seconds reading a claim from the API server may take, connecting included: a stalled API server fails the claim
+well within the kubelet's 45 s deadline, and the kubelet asks again."""
+
+
+class ClaimReader(Protocol):
+    """Reads ResourceClaims from the API server."""
+
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The claim, None when it does not exist; other failures raise with a message for the operator."""
+
+
+class Preparer:
+    """Prepare/unprepare for one driver on this node.
+
+    `instance_lock` is the lock every agent instance on the node takes before changing shared state; with
+    `serialize` (rolling updates: two instances serve the kubelet) every prepare and unprepare holds it too.
+    """
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        checkpoint: Checkpoint,
+        store: SpecStore,
+        claims: ClaimReader,
+        owner_of: Callable[[str], Owner | None],
+        backends: Mapping[str, Backend],
+        log: FilteringBoundLogger,
+        instance_lock: FileLock | None = None,
+        serialize: bool = False,
+        owner_alive: Callable[[str], bool] = lambda owner: False,
+        metrics: Metrics | None = None,
+        unusable: Callable[[str], str | None] = lambda device: None,
+        claim_read_seconds: float = CLAIM_READ_SECONDS,
+        on_failure: Callable[[ClaimRef, str], None] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.checkpoint = checkpoint
+        self.store = store
+        self.backends = backends
+        self.owner_of = owner_of
+        self.owner_alive = owner_alive  # whether the agent instance that wrote a record still runs
+        self.instance_lock = instance_lock
+        self.log = log.bind(driver=driver)
+        self._claims = claims
+        self._locks = KeyedLocks()
+        self._serialize = serialize and instance_lock is not None
+        self._metrics = metrics
+        self._unusable = unusable  # device → why it must not be newly prepared (unhealthy), else None
+        self.claim_read_seconds = claim_read_seconds
+        self._on_failure = on_failure  # told of every claim not prepared, with the error (never blocks)
+
+    # --- kubelet calls ----------------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        """One result per claim UID; never raises."""
+        if len(claims) == 1:  # the kubelet's usual call: no tasks to make for one claim
+            ref = claims[0]
+            return {ref.uid: await self._prepare_planned(ref, await self._plan(ref))}
+        refs, clashes = one_per_uid(claims, "prepared")
+        plans = await asyncio.gather(*(self._plan(ref) for ref in refs))
+        results = await asyncio.gather(*(self._prepare_planned(ref, plan) for ref, plan in zip(refs, plans,
+                                                                                                 strict=True)))
+        answers = {ref.uid: result for ref, result in zip(refs, results, strict=True)}
+        return answers | {uid: ClaimResult(error=error) for uid, error in clashes.items()}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """An error message per claim UID, empty on success; never raises."""
+        if len(claims) == 1:
+            return {claims[0].uid: await self._unprepare_one(claims[0])}
+        refs, clashes = one_per_uid(claims, "unprepared")
+        errors = await asyncio.gather(*(self._unprepare_one(ref) for ref in refs))
+        return {ref.uid: error for ref, error in zip(refs, errors, strict=True)} | clashes
+
+    # --- prepare ----------------------------------------------------------------------------------------
+
+    async def _plan(self, ref: ClaimRef) -> Plan | str:
+        """Read and check the claim; an error message when it cannot be prepared."""
+        try:
+            check_reference(ref)
+            try:
+                async with asyncio.timeout(self.claim_read_seconds):
+                    claim = await self._claims.get_claim(ref.namespace, ref.name)
+            except TimeoutError:
+                return (f"cannot read claim {ref.namespace}/{ref.name}: no answer from the API server within "
+                        f"{self.claim_read_seconds:g} s")
+            except Exception as e:
+                return f"cannot read claim {ref.namespace}/{ref.name}: {e}"
+            if claim is None:
+                return f"claim {ref.namespace}/{ref.name} not found"
+            allocation = read_allocation(claim, ref, self.driver)
+            return plan_claim(allocation, self.pool, self.driver, self.owner_of)
+        except ClaimError as e:
+            return str(e)
+
+    async def _prepare_planned(self, ref: ClaimRef, plan: Plan | str) -> ClaimResult:
+        result = ClaimResult(error=plan) if isinstance(plan, str) else await self._prepare_checked(ref, plan)
+        if result.error and self._on_failure is not None:
+            self._on_failure(ref, result.error)
+        return result
+
+    async def _prepare_checked(self, ref: ClaimRef, plan: Plan) -> ClaimResult:
+        started = time.perf_counter()
+        devices = sorted(plan.requests)
+        try:
+            async with self._exclusive(ref.uid, devices):
+                result = await self._prepare_locked(ref, plan)
+        except Exception as e:  # a bug must fail this claim, not the batch
+            self.log.exception("prepare failed unexpectedly", claim=_name(ref))
+            result = ClaimResult(error=f"internal error while preparing: {type(e).__name__}: {e}")
+        seconds = time.perf_counter() - started
+        self._observe("prepare", seconds, bool(result.error))
+        outcome = {"error": result.error} if result.error else {"devices": len(result.devices)}
+        self.log.info("prepared claim" if not result.error else "claim not prepared", claim=_name(ref),
+                      seconds=round(seconds, 4), **outcome)
+        return result
+
+    def _observe(self, operation: str, seconds: float, error: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.observe(self.driver, operation, seconds, error)
+            self._metrics.prepared_claims.labels(self.driver).set(
+                sum(c.state == "completed" for c in self.checkpoint.claims.values()))
+
+    async def _prepare_locked(self, ref: ClaimRef, plan: Plan) -> ClaimResult:
+        record = self.checkpoint.claims.get(ref.uid)
+        if record is not None and record.state == "started":
+            await self.roll_back(record)  # an earlier attempt was cut short
+            record = None
+        if record is not None and record.boot_id == self.checkpoint.boot_id:
+            if {d.device for d in record.devices} == set(plan.requests):
+                if record.recovered:
+                    record = await self._readopt(ref, plan, record)
+                await self.ensure_spec(record)
+                return self._answer(record)
+            return ClaimResult(error=f"claim {_name(ref)} was prepared with other devices; unprepare it first")
+        # A claim prepared before its device turned unhealthy keeps its answer (above): its pods run already.
+        unusable = [f"{d}: {why}" for d in sorted(plan.requests) if (why := self._unusable(d))]
+        if unusable:
+            return ClaimResult(error=f"not prepared, unhealthy device(s): {'; '.join(unusable)}")
+        conflict = self._conflict(ref, plan)
+        if conflict:
+            return ClaimResult(error=conflict)
+        failpoint("prepare-before-started")
+        pairs = tuple((device, owner.name) for owner, allocated in plan.per_backend.values() for device in
+                      (a.device for a in allocated))
+        started = await self._start(ref, plan, pairs)
+        failpoint("prepare-after-started")
+        prepared, error = await self._run_backends(ref, plan)
+        if error:
+            await self._undo(ref, prepared, started)
+            return ClaimResult(error=error)
+        failpoint("prepare-after-backends")
+        records = tuple(
+            DeviceRecord(
+                device=p.device,
+                backend=backend,
+                requests=plan.requests[p.device],
+                cdi_ids=(cdi_device_id(self.driver, ref.uid, p.device),),
+                edits=p.edits,
+                common_edits=p.common_edits,
+                restore=dict(p.restore),
+                admin_access=p.device in plan.admin,
+            )
+            for backend, items in prepared.items()
+            for p in items
+        )
+        try:
+            completed = await asyncio.to_thread(self._publish, started, records)
+        except Exception as e:
+            await self._undo(ref, prepared, started)
+            return ClaimResult(error=f"cannot write the CDI spec: {e}")
+        failpoint("prepare-after-completed")
+        return self._answer(completed)
+
+    async def _start(self, ref: ClaimRef, plan: Plan, pairs: tuple[tuple[str, str], ...]) -> ClaimRecord:
+        """Record `started` before any backend runs: synced, unless every backend of the claim keeps durable
+        records of its own changes (`records_own_changes`); then the record need only survive a crash of this
+        process, and is written from the loop itself when the journal is idle (no worker thread, no disk wait)."""
+        if all(getattr(owner.backend, "records_own_changes", False) is True for owner, _ in plan.per_backend.values()):
+            started = self.checkpoint.start_unsynced_now(ref.uid, ref.namespace, ref.name, pairs, plan.admin)
+            if started is not None:
+                return started
+            return await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs, False,
+                                           plan.admin)
+        return await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs, True,
+                                       plan.admin)
+
+    def _publish(self, started: ClaimRecord, records: tuple[DeviceRecord, ...]) -> ClaimRecord:
+        """Write the claim's CDI spec, then record it completed (one worker-thread hop for both: on a machine with
+        few CPUs, two hops at once cost more than the one spends waiting for the disk)."""
+        self.store.write(started.uid, claim_spec(self.driver, started.uid, records))
+        failpoint("prepare-after-cdi")
+        return self.checkpoint.complete(started, records)
+
+    async def _readopt(self, ref: ClaimRef, plan: Plan, record: ClaimRecord) -> ClaimRecord:
+        """A claim known from its CDI spec alone (its journal records were lost) gets its names and request names
+        back from the claim the kubelet asks for again."""
+        devices = tuple(replace(d, requests=plan.requests[d.device], admin_access=d.device in plan.admin)
+                        for d in record.devices)
+        adopted = replace(record, namespace=ref.namespace, name=ref.name, devices=devices, recovered=False)
+        await asyncio.to_thread(self.checkpoint.record, adopted)
+        self.log.info("claim known from its CDI spec is prepared again", claim=_name(ref))
+        return adopted
+
+    def _conflict(self, ref: ClaimRef, plan: Plan) -> str:
+        wanted = set(plan.requests) - plan.admin
+        for other in self.checkpoint.claims.values():
+            if other.uid == ref.uid:
+                continue
+            taken = {d.device for d in other.devices if not d.admin_access} & wanted
+            if taken:
+                who = f"{other.namespace}/{other.name} ({other.uid})" if other.name else f"with UID {other.uid}"
+                return (f"device {sorted(taken)[0]} is already prepared for claim {who}; unprepare that claim "
+                        "first")
+        return ""
+
+    async def _run_backends(self, ref: ClaimRef, plan: Plan) -> tuple[dict[str, list[Prepared]], str]:
+        """Prepare on every owning backend concurrently; what succeeded is returned even when one fails."""
+
+        async def one(owner: Owner, allocated: list[Allocated]) -> list[Prepared] | str:
+            try:
+                async with asyncio.timeout(BACKEND_TIMEOUT):
+                    prepared = list(await owner.backend.prepare(ref, allocated))
+            except TimeoutError:
+                return f"backend {owner.name} did not prepare {_devices(allocated)} within {BACKEND_TIMEOUT:.0f} s"
+            except BackendError as e:
+                return f"{_devices(allocated)}: {e}"
+            except Exception as e:
+                self.log.exception("backend prepare failed", backend=owner.name, claim=_name(ref))
+                return f"backend {owner.name} failed on {_devices(allocated)}: {type(e).__name__}: {e}"
+            wanted = {a.device for a in allocated}
+            if {p.device for p in prepared} != wanted or len(prepared) != len(wanted):
+                return f"backend {owner.name} answered for other devices than {_devices(allocated)}"
+            return prepared
+
+        names = list(plan.per_backend)
+        if len(names) == 1:
+            outcomes = [await one(*plan.per_backend[names[0]])]
+        else:
+            outcomes = await asyncio.gather(*(one(*plan.per_backend[n]) for n in names))
+        done = {n: o for n, o in zip(names, outcomes, strict=True) if not isinstance(o, str)}
+        errors = [o for o in outcomes if isinstance(o, str)]
+        return done, "; ".join(errors)
+
+    async def _undo(self, ref: ClaimRef, prepared: Mapping[str, list[Prepared]], started: ClaimRecord) -> None:
+        """Undo a prepare that failed part-way; the claim's devices must end up as they were."""
+        for backend, items in prepared.items():
+            try:
+                await self.backends[backend].unprepare(ref, items)
+            except Exception as e:
+                # Keep the `started` record: the next prepare or restart rolls it back again.
+                self.log.error("undoing a failed prepare failed", backend=backend, claim=_name(ref), error=str(e))
+                return
+        await asyncio.to_thread(self.store.delete, ref.uid)
+        await asyncio.to_thread(self.checkpoint.remove, started.uid)
+
+    def _answer(self, record: ClaimRecord) -> ClaimResult:
+        return ClaimResult(devices=tuple(
+            PreparedDeviceResult(pool=self.pool, device=d.device, cdi_device_ids=d.cdi_ids, request_names=d.requests)
+            for d in record.devices
+        ))
+
+    async def ensure_spec(self, record: ClaimRecord) -> None:
+        """Re-create a completed claim's CDI spec if it is gone (the CDI directory is a tmpfs)."""
+        if not await asyncio.to_thread(self.store.exists, record.uid):
+            await asyncio.to_thread(self.store.write, record.uid, claim_spec(self.driver, record.uid, record.devices))
+            self.log.info("re-created CDI spec", claim=f"{record.namespace}/{record.name}:{record.uid}")
+
+    # --- unprepare --------------------------------------------------------------------------------------
+
+    async def _unprepare_one(self, ref: ClaimRef) -> str:
+        started = time.perf_counter()
+        record = self.checkpoint.claims.get(ref.uid)
+        if record is None and not self._serialize:
+            return ""  # unknown claim: nothing to undo
+        devices = [d.device for d in record.devices] if record else []
+        try:
+            async with self._exclusive(ref.uid, devices):
+                record = self.checkpoint.claims.get(ref.uid)  # it may have changed while waiting
+                if record is None:
+                    return ""
+                failpoint("unprepare-before-backends")
+                error = await self.release(ref, record)
+        except Exception as e:
+            self.log.exception("unprepare failed unexpectedly", claim=_name(ref))
+            error = f"internal error while unpreparing: {type(e).__name__}: {e}"
+        self._observe("unprepare", time.perf_counter() - started, bool(error))
+        self.log.info("unprepared claim" if not error else "claim not unprepared", claim=_name(ref),
+                      **({"error": error} if error else {}))
+        return error
+
+    async def release(self, ref: ClaimRef, record: ClaimRecord) -> str:
+        """Undo a claim's preparation from its record and forget it; an error message when a backend failed (the
+        record is kept, so the next unprepare tries again). The caller holds the claim's locks."""
+        by_backend: dict[str, list[Prepared]] = {}
+        for d in record.devices:
+            by_backend.setdefault(d.backend, []).append(
+                Prepared(device=d.device, edits=d.edits, common_edits=d.common_edits, restore=d.restore))
+        for backend, items in by_backend.items():
+            if not backend:
+                continue  # a device of a claim known from its CDI spec alone, no longer on this node
+            owner = self.backends.get(backend)
+            if owner is None:
+                return f"backend {backend}, which prepared {_devices(items)}, is not loaded; load it to unprepare"
+            try:
+                async with asyncio.timeout(BACKEND_TIMEOUT):
+                    await owner.unprepare(ref, items)
+            except TimeoutError:
+                return f"backend {backend} did not unprepare {_devices(items)} within {BACKEND_TIMEOUT:.0f} s"
+            except Exception as e:
+                return f"{_devices(items)}: {e}"
+        failpoint("unprepare-after-backends")
+        await asyncio.to_thread(self.store.delete, record.uid)
+        failpoint("unprepare-after-cdi")
+        await asyncio.to_thread(self.checkpoint.remove, record.uid)
+        failpoint("unprepare-after-removed")
+        return ""
+
+    async def forget(self, ref: ClaimRef, record: ClaimRecord) -> str:
+        """Unprepare a claim the kubelet will not unprepare (its ResourceClaim is gone), if it is still prepared as
+        `record` says; under the cross-instance lock and the claim's locks. An error message, empty on success."""
+        async with self.shared_state(), self._locks.hold(
+                [f"claim/{ref.uid}", *(f"device/{d.device}" for d in record.devices)]):
+            current = self.checkpoint.claims.get(ref.uid)
+            if current is None or current.state != "completed":
+                return ""
+            return await self.release(ref, current)
+
+    async def roll_back(self, record: ClaimRecord) -> None:
+        """Undo a prepare that a crash cut short, from the device names the `started` record holds."""
+        ref = ClaimRef(record.uid, record.namespace, record.name)
+        self.log.warning("rolling back a prepare that did not complete", claim=_name(ref),
+                         instance=record.owner or None)
+        error = await self.release(ref, record)
+        if error:
+            self.log.error("roll-back failed; will retry", claim=_name(ref), error=error)
+
+    # --- locking ----------------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def shared_state(self) -> AsyncIterator[None]:
+        """Hold the cross-instance lock, with the checkpoint brought up to date: what start-up recovery and the
+        reaper hold while they change shared state."""
+        async with AsyncExitStack() as stack:
+            if self.instance_lock is not None:
+                await stack.enter_async_context(self.instance_lock.hold())
+                # The other instance may have changed the checkpoint while it held the lock: read that first.
+                await asyncio.to_thread(self.checkpoint.refresh)
+            yield
+
+    @asynccontextmanager
+    async def exclusive(self, uid: str, devices: Sequence[str]) -> AsyncIterator[None]:
+        """Hold the claim's and its devices' locks, and during rolling updates the cross-instance lock."""
+        async with self._exclusive(uid, devices):
+            yield
+
+    @asynccontextmanager
+    async def _exclusive(self, uid: str, devices: Sequence[str]) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if self._serialize:
+                await stack.enter_async_context(self.shared_state())
+            await stack.enter_async_context(self._locks.hold([f"claim/{uid}", *(f"device/{d}" for d in devices)]))
+            yield
+
+
+def _name(ref: ClaimRef) -> str:
+    return f"{ref.namespace}/{ref.name}:{ref.uid}"
+
+
+def _devices(items: Sequence[Allocated] | Sequence[Prepared]) -> str:
+    return ", ".join(i.device for i in items)

@@ -1,0 +1,360 @@
+"""The API server's rules for one device of a ``resource.k8s.io/v1`` ResourceSlice, and for node selection.
+
+Rule ids refer to reference/resourceslice.md section 2. Implemented here: D1-D11, Q1-Q5 (attribute and
+capacity keys), V1-V6, the counters of C1 and C2, T1-T4, and the node selection of S5-S9 and D7, shared by
+a slice and, with perDeviceNodeSelection, by each of its devices. Not implemented: D12 (a field that exists
+only on the 1.37 development branch). The slice around the devices is checked in :mod:`agent.slices.rules`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from agent.kube.names import (
+    DNS_LABEL_MSG,
+    LABEL_KEY_MSG,
+    LABEL_VALUE_MSG,
+    NODE_NAME_MSG,
+    QUALIFIED_MSG,
+    SEMVER_MSG,
+    is_dns_label,
+    is_label_key,
+    is_label_value,
+    is_node_name,
+    is_qualified_name,
+    is_semver,
+)
+from agent.slices.rule_checks import Errors, as_list, as_map, as_quantity, is_int64, is_rfc3339, key_path, lookup, show
+
+__all__ = [
+    "LIST_FIELDS",
+    "MAX_ATTRIBUTES_AND_CAPACITIES",
+    "MAX_ATTRIBUTE_VALUES",
+    "MAX_BINDING_CONDITIONS",
+    "MAX_CONSUMES_COUNTERS",
+    "MAX_COUNTERS",
+    "MAX_STRING_ATTRIBUTE_BYTES",
+    "MAX_TAINTS",
+    "MAX_VALID_VALUES",
+    "NODE_SELECTOR_OPERATORS",
+    "TAINT_EFFECTS",
+    "check_counters",
+    "check_device",
+    "check_node_selection",
+    "validate_device",
+]
+
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_VALUES = 48
+MAX_TAINTS = 16
+MAX_COUNTERS = 32
+MAX_CONSUMES_COUNTERS = 2
+MAX_STRING_ATTRIBUTE_BYTES = 64
+MAX_BINDING_CONDITIONS = 4
+MAX_VALID_VALUES = 10
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+LIST_FIELDS = {"int": "ints", "bool": "bools", "string": "strings", "version": "versions"}
+_SCALAR_OF = {plural: scalar for scalar, plural in LIST_FIELDS.items()}
+_VALUE_FIELDS = frozenset(LIST_FIELDS) | frozenset(_SCALAR_OF)
+
+
+# --- node selection ----------------------------------------------------------------------------
+
+
+def _check_requirement(req: Any, path: str, errs: Errors, *, by_field: bool) -> None:
+    req = as_map(req, path, errs)
+    key, op = req.get("key"), req.get("operator")
+    values = as_list(req.get("values"), f"{path}.values", errs)
+    if by_field:  # matchFields only knows metadata.name, with In/NotIn and one value
+        errs.check(key == "metadata.name", f"{path}.key", "must be metadata.name in matchFields", key)
+        errs.check(op in ("In", "NotIn"), f"{path}.operator", "must be In or NotIn in matchFields", op)
+        errs.check(len(values) == 1, f"{path}.values", "must hold one node name in matchFields", values)
+    else:
+        errs.check(is_label_key(key), f"{path}.key", LABEL_KEY_MSG, key)
+        if op not in NODE_SELECTOR_OPERATORS:
+            errs.add(f"{path}.operator", f"must be one of {', '.join(NODE_SELECTOR_OPERATORS)}, got {op!r}")
+        elif op in ("In", "NotIn") and not values:
+            errs.add(f"{path}.values", f"must not be empty when operator is {op}")
+        elif op in ("Exists", "DoesNotExist") and values:
+            errs.add(f"{path}.values", f"must be empty when operator is {op}")
+        elif op in ("Gt", "Lt") and len(values) != 1:
+            errs.add(f"{path}.values", f"must hold exactly one value when operator is {op}")
+    for j, value in enumerate(values):
+        ok = is_node_name(value) if by_field else is_label_value(value)
+        errs.check(ok, f"{path}.values[{j}]", NODE_NAME_MSG if by_field else LABEL_VALUE_MSG, value)
+
+
+def _check_node_selector(selector: Any, path: str, errs: Errors, *, one_term: bool) -> None:
+    """Core NodeSelector validation; S7 adds the one-term rule for the slice-level selector."""
+    terms_path = f"{path}.nodeSelectorTerms"
+    terms = as_list(as_map(selector, path, errs).get("nodeSelectorTerms"), terms_path, errs)
+    if not terms:
+        errs.add(terms_path, "must have at least one node selector term")
+    elif one_term and len(terms) != 1:
+        errs.add(terms_path, f"must have exactly one node selector term, got {len(terms)}")
+    for i, term in enumerate(terms):
+        term_map = as_map(term, f"{terms_path}[{i}]", errs)
+        for kind in ("matchExpressions", "matchFields"):
+            kind_path = f"{terms_path}[{i}].{kind}"
+            for j, req in enumerate(as_list(term_map.get(kind), kind_path, errs)):
+                _check_requirement(req, f"{kind_path}[{j}]", errs, by_field=kind == "matchFields")
+
+
+def check_node_selection(obj: Mapping[str, Any], path: str, errs: Errors, *, slice_level: bool) -> None:
+    """S5-S9 for a slice; D7 for a device of a slice with perDeviceNodeSelection."""
+    chosen: list[str] = []
+    name = obj.get("nodeName")
+    if name == "":
+        errs.add(f"{path}.nodeName", "must be unset or a non-empty node name")
+    elif name is not None:
+        chosen.append("nodeName")
+        errs.check(is_node_name(name), f"{path}.nodeName", NODE_NAME_MSG, name)
+    if obj.get("nodeSelector") is not None:
+        chosen.append("nodeSelector")
+        _check_node_selector(obj["nodeSelector"], f"{path}.nodeSelector", errs, one_term=slice_level)
+    for flag in ("allNodes", "perDeviceNodeSelection") if slice_level else ("allNodes",):
+        if obj.get(flag) is True:
+            chosen.append(flag)
+        elif obj.get(flag) is not None:
+            errs.add(f"{path}.{flag}", f"must be unset or true, got {show(obj[flag])}")
+    options = ("nodeName, nodeSelector, allNodes or perDeviceNodeSelection" if slice_level
+               else "nodeName, nodeSelector or allNodes (spec.perDeviceNodeSelection is true)")  # fmt: skip
+    if not chosen:
+        errs.add(path, f"exactly one of {options} is required")
+    elif len(chosen) > 1:
+        errs.add(path, f"exactly one of {options} may be set, but {', '.join(chosen)} are set")
+
+
+# --- devices -----------------------------------------------------------------------------------
+
+
+def _check_attribute_value(kind: str, value: Any, path: str, errs: Errors) -> None:
+    if kind == "int":
+        errs.check(is_int64(value), path, "must be a 64-bit integer", value)
+    elif kind == "bool":
+        errs.check(isinstance(value, bool), path, "must be true or false", value)
+    elif not isinstance(value, str):
+        errs.add(path, f"must be a string, got {show(value)}")
+    else:
+        if kind == "version":
+            errs.check(is_semver(value), path, SEMVER_MSG, value)
+        if (size := len(value.encode())) > MAX_STRING_ATTRIBUTE_BYTES:
+            errs.add(path, f"must be at most {MAX_STRING_ATTRIBUTE_BYTES} bytes of UTF-8, got {size} bytes")
+
+
+def _check_attribute(attribute: Any, path: str, errs: Errors) -> None:
+    """V1-V5."""
+    attr = as_map(attribute, path, errs)
+    # Iterate the attribute's own keys (usually one) rather than all eight value fields: this runs for
+    # every attribute of every device published.
+    present = [f for f, v in attr.items() if v is not None and f in _VALUE_FIELDS]
+    if len(present) != 1:
+        errs.add(path, "exactly one value must be specified: int, bool, string, version (or a list: ints, "
+                 f"bools, strings, versions), got {', '.join(present) or 'none'}")  # fmt: skip
+    for field in present:
+        scalar = _SCALAR_OF.get(field)
+        if scalar is None:
+            _check_attribute_value(field, attr[field], f"{path}.{field}", errs)
+            continue
+        items = as_list(attr[field], f"{path}.{field}", errs)
+        if not items:
+            errs.add(f"{path}.{field}", "must not be empty when set")
+        for i, item in enumerate(items):
+            _check_attribute_value(scalar, item, f"{path}.{field}[{i}]", errs)
+
+
+def _attribute_value_count(attributes: Mapping[str, Any]) -> int:
+    """D3: a scalar counts once, a list counts its length."""
+    total = 0
+    for attr in attributes.values():
+        items = attr.items() if isinstance(attr, Mapping) else ()
+        sizes = [len(v) for f, v in items if f in _SCALAR_OF and isinstance(v, list | tuple)]
+        total += sum(sizes) if any(sizes) else 1
+    return total
+
+
+def _int_value(q: Fraction) -> int:
+    # Without fractional-range support the server reads each bound as an integer, rounding up.
+    return int(math.copysign(math.ceil(abs(q)), q))
+
+
+def _check_valid_values(
+    raw: Sequence[Any], cap: Fraction, default: Fraction, path: str, errs: Errors
+) -> None:
+    if len(raw) > MAX_VALID_VALUES:
+        errs.add(f"{path}.validValues", f"must have at most {MAX_VALID_VALUES} entries, got {len(raw)}")
+        return
+    values = [as_quantity(v, f"{path}.validValues[{i}]", errs) for i, v in enumerate(raw)]
+    previous: Fraction | None = None
+    for i, value in enumerate(values):
+        if value is not None and value > cap:
+            errs.add(f"{path}.validValues[{i}]", f"must not exceed the capacity value, got {show(raw[i])}")
+        if value is not None and previous is not None and value <= previous:
+            errs.add(f"{path}.validValues[{i}]", "values must be unique and in ascending order")
+        previous = value if value is not None else previous
+    if default not in values:
+        errs.add(f"{path}.default", "must be one of validValues")
+
+
+def _check_valid_range(
+    rng: Mapping[str, Any], cap: Fraction, default: Fraction, path: str, errs: Errors
+) -> None:
+    low = as_quantity(rng.get("min"), f"{path}.min", errs)
+    high = None if rng.get("max") is None else as_quantity(rng["max"], f"{path}.max", errs)
+    step = None if rng.get("step") is None else as_quantity(rng["step"], f"{path}.step", errs)
+    if low is None:
+        return
+    over_capacity = "must not exceed the capacity value"
+    problems = [(low > cap, "min", over_capacity), (default < low, "default", "must be >= min")]
+    if high is not None:
+        problems += [(low > high, "max", "must be >= min"), (high > cap, "max", over_capacity)]
+        problems.append((default > high, "default", "must be <= max"))
+    if step is not None:
+        problems.append((step <= 0, "step", "must be greater than zero"))
+    if step is not None and step > 0:
+        problems.append((low + step > cap, "step", "min plus one step must not exceed the capacity value"))
+        for name, value in (("default", default), ("max", high)):
+            if value is not None:  # the remainder is zero for truncated and floored division alike
+                off_grid = (_int_value(value) - _int_value(low)) % _int_value(step) != 0
+                problems.append((off_grid, "step", f"{name} minus min must be a multiple of step"))
+    for failed, field, message in problems:
+        if failed:
+            errs.add(f"{path}.{field}", message)
+
+
+def _check_capacity(capacity: Any, path: str, multi: bool, errs: Errors) -> None:
+    """V6, D10, D11."""
+    cap_map = as_map(capacity, path, errs)
+    value = as_quantity(cap_map.get("value"), f"{path}.value", errs)
+    if cap_map.get("requestPolicy") is None:
+        return
+    path = f"{path}.requestPolicy"
+    if not multi:
+        errs.add(path, "may only be set when the device sets allowMultipleAllocations to true")
+        return
+    policy = as_map(cap_map["requestPolicy"], path, errs)
+    valid_values, valid_range = policy.get("validValues"), policy.get("validRange")
+    if valid_values and valid_range is not None:
+        errs.add(path, "validValues and validRange are mutually exclusive: set at most one")
+    elif (valid_values or valid_range is not None) and value is not None:
+        if policy.get("default") is None:
+            errs.add(f"{path}.default", "is required when validValues or validRange is set")
+        elif (default := as_quantity(policy["default"], f"{path}.default", errs)) is None:
+            pass
+        elif valid_values:
+            values = as_list(valid_values, f"{path}.validValues", errs)
+            _check_valid_values(values, value, default, path, errs)
+        else:
+            rng_path = f"{path}.validRange"
+            _check_valid_range(as_map(valid_range, rng_path, errs), value, default, rng_path, errs)
+
+
+def check_counters(counters: Any, path: str, errs: Errors) -> None:
+    """Counters of a counter set (C1) or of a consumesCounters entry (C2)."""
+    counter_map = as_map(counters, path, errs)
+    if not counter_map:
+        errs.add(path, "is required and must not be empty")
+    elif len(counter_map) > MAX_COUNTERS:
+        errs.add(path, f"must have at most {MAX_COUNTERS} counters, got {len(counter_map)}")
+    else:
+        for key, counter in counter_map.items():
+            errs.check_key(is_dns_label(key), key_path(path, key), f"counter name {DNS_LABEL_MSG}")
+            as_quantity(lookup(counter, "value"), f"{key_path(path, key)}.value", errs)
+
+
+def _check_taint(taint: Any, path: str, errs: Errors) -> None:
+    """T1-T4."""
+    taint_map = as_map(taint, path, errs)
+    key, value, effect = taint_map.get("key"), taint_map.get("value"), taint_map.get("effect")
+    errs.check(is_label_key(key), f"{path}.key", f"is required and {LABEL_KEY_MSG}", key)
+    if value is not None and value != "":
+        errs.check(is_label_value(value), f"{path}.value", LABEL_VALUE_MSG, value)
+    effects = ", ".join(TAINT_EFFECTS)
+    errs.check(effect in TAINT_EFFECTS, f"{path}.effect", f"is required and must be one of {effects}", effect)
+    added = taint_map.get("timeAdded")
+    if added is not None:
+        message = "must be an RFC 3339 time such as 2026-01-02T15:04:05Z"
+        errs.check(is_rfc3339(added), f"{path}.timeAdded", message, added)
+
+
+def _check_binding_conditions(device: Mapping[str, Any], path: str, errs: Errors) -> None:
+    """D9."""
+    lists: dict[str, Sequence[Any]] = {}
+    for field in ("bindingConditions", "bindingFailureConditions"):
+        items = lists[field] = as_list(device.get(field), f"{path}.{field}", errs)
+        if (count := len(items)) > MAX_BINDING_CONDITIONS:
+            errs.add(f"{path}.{field}", f"must have at most {MAX_BINDING_CONDITIONS} entries, got {count}")
+            continue
+        for i, item in enumerate(items):
+            errs.check(is_label_key(item), f"{path}.{field}[{i}]", LABEL_KEY_MSG, item)
+            if item in items[:i]:
+                errs.add(f"{path}.{field}[{i}]", f"duplicate entry {show(item)}")
+    conditions, failures = lists["bindingConditions"], lists["bindingFailureConditions"]
+    for i, item in enumerate(failures):
+        if item in conditions:
+            errs.add(f"{path}.bindingFailureConditions[{i}]", "must not also appear in bindingConditions")
+    if bool(conditions) != bool(failures):
+        missing = "bindingFailureConditions" if conditions else "bindingConditions"
+        errs.add(f"{path}.{missing}", "bindingConditions and bindingFailureConditions must be set together")
+
+
+def _check_consumes_counters(entries: Sequence[Any], path: str, errs: Errors) -> None:
+    """D6, C2."""
+    if len(entries) > MAX_CONSUMES_COUNTERS:
+        errs.add(path, f"must have at most {MAX_CONSUMES_COUNTERS} entries, got {len(entries)}")
+        return
+    for i, entry in enumerate(entries):
+        counter_set = lookup(entry, "counterSet")
+        errs.check(is_dns_label(counter_set), f"{path}[{i}].counterSet", f"is required and {DNS_LABEL_MSG}",
+                   counter_set)  # fmt: skip
+        if any(lookup(other, "counterSet") == counter_set for other in entries[:i]):
+            errs.add(f"{path}[{i}].counterSet", f"duplicate counter set {show(counter_set)} in this device")
+        check_counters(lookup(as_map(entry, f"{path}[{i}]", errs), "counters"), f"{path}[{i}].counters", errs)
+
+
+def check_device(device: Any, path: str, per_device_node_selection: bool, errs: Errors) -> None:
+    dev = as_map(device, path, errs)
+    name = dev.get("name")
+    errs.check(is_dns_label(name), f"{path}.name", f"is required and {DNS_LABEL_MSG}", name)
+    attributes = as_map(dev.get("attributes"), f"{path}.attributes", errs)
+    capacities = as_map(dev.get("capacity"), f"{path}.capacity", errs)
+    if (count := len(attributes) + len(capacities)) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        limit = MAX_ATTRIBUTES_AND_CAPACITIES
+        errs.add(path, f"has {count} attributes and capacities together, at most {limit} are allowed")
+    if (values := _attribute_value_count(attributes)) > MAX_ATTRIBUTE_VALUES:
+        errs.add(path, f"has {values} attribute values, at most {MAX_ATTRIBUTE_VALUES} allowed")
+    for key, attribute in attributes.items():
+        where = key_path(f"{path}.attributes", key)
+        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
+        _check_attribute(attribute, where, errs)
+    multi = dev.get("allowMultipleAllocations") is True
+    for key, capacity in capacities.items():
+        where = key_path(f"{path}.capacity", key)
+        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
+        _check_capacity(capacity, where, multi, errs)
+    taints = as_list(dev.get("taints"), f"{path}.taints", errs)
+    if len(taints) > MAX_TAINTS:
+        errs.add(f"{path}.taints", f"must have at most {MAX_TAINTS} entries, got {len(taints)}")
+    for i, taint in enumerate(taints if len(taints) <= MAX_TAINTS else ()):
+        _check_taint(taint, f"{path}.taints[{i}]", errs)
+    consumes_path = f"{path}.consumesCounters"
+    _check_consumes_counters(as_list(dev.get("consumesCounters"), consumes_path, errs), consumes_path, errs)
+    if per_device_node_selection:
+        check_node_selection(dev, path, errs, slice_level=False)
+    elif any(dev.get(f) is not None for f in ("nodeName", "nodeSelector", "allNodes")):
+        errs.add(path, "nodeName, nodeSelector and allNodes need spec.perDeviceNodeSelection set to true")
+    _check_binding_conditions(dev, path, errs)
+
+
+def validate_device(
+    device: Mapping[str, Any], *, per_device_node_selection: bool = False, path: str = "device"
+) -> list[str]:
+    """Errors for one entry of ``spec.devices`` (D1-D11, V1-V6, C2, T1-T4); paths start at ``path``."""
+    errs = Errors()
+    check_device(device, path, per_device_node_selection, errs)
+    return errs

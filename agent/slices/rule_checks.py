@@ -1,0 +1,109 @@
+"""Shared plumbing of the ResourceSlice rule modules: the error collector and tolerant field access.
+
+Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every error is a string
+``"<json path>: <message>"``. The helpers here build those paths, read fields without trusting their
+types, and report a field of the wrong type as an error instead of raising.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from fractions import Fraction
+from typing import Any, TypeGuard
+
+from agent.kube.quantity import parse_quantity
+
+__all__ = [
+    "Errors",
+    "as_list",
+    "as_map",
+    "as_quantity",
+    "is_int64",
+    "is_rfc3339",
+    "key_path",
+    "lookup",
+    "show",
+]
+
+_RFC3339_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+class Errors(list[str]):
+    def add(self, path: str, message: str) -> None:
+        self.append(f"{path}: {message}")
+
+    def check(self, ok: bool, path: str, message: str, value: Any) -> None:
+        if not ok:
+            self.add(path, f"{message}, got {show(value)}")
+
+    def check_key(self, ok: bool, path: str, message: str) -> None:
+        """Like check, for map keys: the offending key is already part of the path."""
+        if not ok:
+            self.add(path, message)
+
+
+def show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def key_path(path: str, key: Any) -> str:
+    if isinstance(key, str) and key.isprintable() and '"' not in key and "\\" not in key:
+        return f'{path}["{key}"]'  # what json.dumps would give, without its cost on every attribute
+    return f"{path}[{json.dumps(key, ensure_ascii=False, default=str)}]"
+
+
+def lookup(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        obj = obj.get(key) if type(obj) is dict or isinstance(obj, Mapping) else None
+    return obj
+
+
+def is_int64(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+def as_map(value: Any, path: str, errs: Errors) -> Mapping[str, Any]:
+    """``value`` if it is an object; absent counts as empty, any other type is an error."""
+    if value is None or type(value) is dict or isinstance(value, Mapping):  # dict first: the abc check is slow
+        return value or {}
+    errs.add(path, f"must be an object, got {show(value)}")
+    return {}
+
+
+def as_list(value: Any, path: str, errs: Errors) -> Sequence[Any]:
+    if value is None or isinstance(value, list | tuple):
+        return value or ()
+    errs.add(path, f"must be a list, got {show(value)}")
+    return ()
+
+
+def as_quantity(value: Any, path: str, errs: Errors) -> Fraction | None:
+    if value is None:
+        errs.add(path, "is required (a quantity such as 8, 40Gi or 500m)")
+        return None
+    # The server's JSON decoder also takes bare numbers and trims surrounding whitespace.
+    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    try:
+        return parse_quantity(text.strip() if isinstance(text, str) else text)
+    except (TypeError, ValueError):
+        errs.add(path, f"must be a quantity such as 8, 40Gi or 500m, got {show(value)}")
+        return None
+
+
+def is_rfc3339(value: object) -> bool:
+    if not isinstance(value, str) or _RFC3339_RE.fullmatch(value.upper()) is None:
+        return False
+    try:
+        datetime.fromisoformat(value.upper())
+    except ValueError:  # well-formed but out of range, e.g. month 13
+        return False
+    return True

@@ -1,1 +1,0 @@
-"""Test doubles of the agent's peers: a Kubernetes API server and a kubelet."""

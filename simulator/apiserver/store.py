@@ -1,0 +1,487 @@
+"""The test API server's storage: objects, the global resourceVersion, the change history and open watches.
+
+Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
+and taint ``timeAdded``, ResourceClaim status only through ``/status``), validation (422: ResourceSlices and
+events.k8s.io/v1 Events in full, other kinds their names), optimistic concurrency (409), and no-op updates that
+neither bump the resourceVersion nor notify watchers. Stored objects
+are never mutated once committed, so they can be shared with watchers and serialised without copying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import secrets
+import uuid
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+from agent.events.rules import is_micro_time, validate_event, validate_event_update
+from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
+from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
+from simulator.apiserver.resources import (
+    EVENTS_V1,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    RESOURCES,
+    STALE,
+    ApiError,
+    JsonObject,
+    ResourceType,
+    already_exists,
+    conflict,
+    invalid,
+    not_found,
+)
+from simulator.apiserver.selectors import Selector
+
+ADDED, MODIFIED, DELETED, BOOKMARK, ERROR = "ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet: no vowels, no 0/1/3
+_SYSTEM_FIELDS = ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds")
+
+Key = tuple[str, str]  # (namespace or "", name)
+_T = TypeVar("_T")
+
+
+def now() -> str:
+    """The current time as the API server writes timestamps: RFC 3339, UTC, whole seconds."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def json_copy(value: _T) -> _T:
+    """A deep copy of JSON-shaped data (faster than copy.deepcopy for it)."""
+    return cast(_T, json.loads(json.dumps(value)))
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch; returns new containers and leaves ``target`` untouched."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def _without_type(obj: JsonObject) -> JsonObject:
+    """List items carry no apiVersion and kind in real list responses."""
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+
+
+def _with_version(obj: JsonObject, rv: int) -> JsonObject:
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
+
+
+_GATED_DEVICE_FIELDS = {
+    "DRADeviceTaints": ("taints",),
+    "DRAPartitionableDevices": ("consumesCounters", "nodeName", "nodeSelector", "allNodes"),
+}
+_GATED_SPEC_FIELDS = {"DRAPartitionableDevices": ("sharedCounters", "perDeviceNodeSelection")}
+
+
+def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[str]) -> None:
+    """What the real server does with the fields of a feature gate that is off: drop them silently, unless the
+    stored object already used them (then an update keeps them)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    old_spec = (old or {}).get("spec") or {}
+
+    def used(fields: tuple[str, ...], device_fields: tuple[str, ...]) -> bool:
+        return any(old_spec.get(f) is not None for f in fields) or any(
+            isinstance(d, dict) and any(d.get(f) is not None for f in device_fields)
+            for d in old_spec.get("devices") or ())
+
+    for gate in disabled:
+        spec_fields, device_fields = _GATED_SPEC_FIELDS.get(gate, ()), _GATED_DEVICE_FIELDS.get(gate, ())
+        if used(spec_fields, device_fields):
+            continue
+        for name in spec_fields:
+            spec.pop(name, None)
+        for device in spec.get("devices") or ():
+            for name in device_fields:
+                if isinstance(device, dict):
+                    device.pop(name, None)
+
+
+def _default_taint_times(obj: JsonObject) -> None:
+    """Defaulting of ResourceSlice taints: a missing ``timeAdded`` becomes now, cut to seconds (T4)."""
+    devices = (obj.get("spec") or {}).get("devices") if isinstance(obj.get("spec"), dict) else None
+    for device in devices if isinstance(devices, list) else ():
+        taints = device.get("taints") if isinstance(device, dict) else None
+        for taint in taints if isinstance(taints, list) else ():
+            if isinstance(taint, dict) and not taint.get("timeAdded"):
+                taint["timeAdded"] = now()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One committed write, as kept in the watch history."""
+
+    rv: int
+    type: str
+    rt: ResourceType
+    obj: JsonObject
+    old: JsonObject | None
+
+
+class Watch:
+    """One open watch: the events it still has to send, in order, then how it ends (clean end or reset)."""
+
+    END, RESET = "end", "reset"
+
+    def __init__(self, selector: Selector, *, bookmarks: bool) -> None:
+        self.selector = selector
+        self.bookmarks = bookmarks
+        self.queue: asyncio.Queue[JsonObject | str] = asyncio.Queue()
+
+    def send(self, type_: str, obj: JsonObject) -> None:
+        self.queue.put_nowait({"type": type_, "object": obj})
+
+    def offer(self, change: Change) -> None:
+        """Queue what this watch sees of ``change``: objects entering or leaving its selector are ADDED or DELETED."""
+        if change.rt is not self.selector.rt:
+            return
+        now_matches = change.type != DELETED and self.selector.matches(change.obj)
+        was_matching = change.old is not None and self.selector.matches(change.old)
+        if change.type == DELETED:
+            if was_matching:
+                self.send(DELETED, change.obj)
+        elif now_matches:
+            self.send(MODIFIED if was_matching else ADDED, change.obj)
+        elif was_matching and change.old is not None:
+            self.send(DELETED, _with_version(change.old, change.rv))
+
+    def end(self, *, reset: bool = False) -> None:
+        self.queue.put_nowait(self.RESET if reset else self.END)
+
+
+class Store:
+    """All objects of all served types under one resourceVersion counter, with a bounded change history."""
+
+    def __init__(self, history_size: int = 10_000, disabled_gates: Iterable[str] = ()) -> None:
+        self._objects: dict[ResourceType, dict[Key, JsonObject]] = {rt: {} for rt in RESOURCES}
+        self.disabled_gates = set(disabled_gates)  # feature gates off: their ResourceSlice fields are dropped
+        self._rv = 1
+        self._history: deque[Change] = deque()
+        self._history_size = history_size
+        self._compacted = 0  # changes up to this resourceVersion are no longer in the history
+        self._watches: set[Watch] = set()
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def get(self, rt: ResourceType, namespace: str, name: str) -> JsonObject:
+        obj = self._objects[rt].get((namespace, name))
+        if obj is None:
+            raise not_found(rt, name)
+        return obj
+
+    def count(self, rt: ResourceType) -> int:
+        return len(self._objects[rt])
+
+    def objects(self, rt: ResourceType) -> list[JsonObject]:
+        return [json_copy(obj) for _, obj in sorted(self._objects[rt].items())]
+
+    def list(self, selector: Selector, *, limit: int = 0, continue_token: str = "") -> JsonObject:
+        """A ``<Kind>List`` of matching objects in key order; ``limit`` and ``continue`` page through it."""
+        rt = selector.rt
+        items = [obj for key, obj in sorted(self._objects[rt].items()) if selector.matches(obj)]
+        if continue_token:
+            start = self._continue_key(continue_token)
+            items = [obj for obj in items if _key(obj) > start]
+        meta: JsonObject = {"resourceVersion": str(self._rv)}
+        if 0 < limit < len(items):
+            last = _key(items[limit - 1])
+            token = json.dumps({"rv": self._rv, "start": list(last)}).encode()
+            meta["continue"] = base64.urlsafe_b64encode(token).decode()
+            meta["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
+        return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta,
+                "items": [_without_type(obj) for obj in items]}  # fmt: skip
+
+    @staticmethod
+    def _continue_key(token: str) -> Key:
+        try:
+            start = json.loads(base64.urlsafe_b64decode(token.encode()))["start"]
+            return str(start[0]), str(start[1])
+        except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
+            raise ApiError(400, f"continue key is not valid: {token}") from None
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def _accept(self, rt: ResourceType, namespace: str, body: Any) -> JsonObject:
+        """The request body as an object of type ``rt`` in ``namespace``, or 400 as the real decoder gives."""
+        if not isinstance(body, dict):
+            raise ApiError(400, f"the body of the request is not a {rt.kind} object")
+        api_version, kind = body.get("apiVersion"), body.get("kind")
+        if api_version and api_version != rt.api_version:
+            raise ApiError(400, f"the API version in the data ({api_version}) does not match the expected API "
+                           f"version ({rt.api_version})")  # fmt: skip
+        if kind and kind != rt.kind:
+            raise ApiError(400, f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})")
+        if not isinstance(body.get("metadata") or {}, dict):
+            raise ApiError(400, "metadata must be an object")
+        obj: JsonObject = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        meta = obj["metadata"] = dict(obj.get("metadata") or {})
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise ApiError(400, "the namespace of the provided object does not match the namespace sent on "
+                               "the request")  # fmt: skip
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)  # the real server clears it for cluster-scoped types
+        return obj
+
+    def create(self, rt: ResourceType, namespace: str, body: Any, *, dry_run: bool = False) -> JsonObject:
+        obj = self._accept(rt, namespace, body)
+        meta = obj["metadata"]
+        if meta.get("resourceVersion"):
+            raise ApiError(500, "Internal error occurred: resourceVersion should not be set on objects to be created")
+        for field in _SYSTEM_FIELDS:
+            meta.pop(field, None)
+        prefix = meta.get("generateName")
+        if not meta.get("name") and isinstance(prefix, str) and prefix:
+            meta["name"] = self._generate_name(rt, namespace, prefix)
+        meta["uid"], meta["creationTimestamp"] = str(uuid.uuid4()), now()
+        if rt.tracks_generation:
+            meta["generation"] = 1
+        if rt is RESOURCE_CLAIMS:
+            obj.pop("status", None)  # status is written through /status only
+        if rt is RESOURCE_SLICES:
+            drop_disabled_fields(obj, None, self.disabled_gates)
+            _default_taint_times(obj)
+            errors = validate_resource_slice(obj)
+        elif rt is EVENTS_V1:
+            _decode_micro_times(obj)
+            errors = validate_event(obj)
+        else:
+            errors = _name_errors(meta)
+        if errors:
+            raise invalid(rt, str(meta.get("name") or ""), errors)
+        if (namespace if rt.namespaced else "", meta["name"]) in self._objects[rt]:
+            raise already_exists(rt, meta["name"])
+        return obj if dry_run else self._commit(rt, ADDED, obj, None)
+
+    def _generate_name(self, rt: ResourceType, namespace: str, prefix: str) -> str:
+        while True:  # the real server also retries a generated name that is taken
+            name = prefix[:58] + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
+            if (namespace if rt.namespaced else "", name) not in self._objects[rt]:
+                return name
+
+    def update(
+        self, rt: ResourceType, namespace: str, name: str, body: Any, *, status: bool = False, dry_run: bool = False
+    ) -> JsonObject:
+        """PUT (or ``/status`` PUT): optimistic concurrency on ``metadata.resourceVersion`` when it is set."""
+        obj = self._accept(rt, namespace, body)
+        meta = obj["metadata"]
+        if meta.get("name") != name:
+            raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
+                           f"URL ({name})")  # fmt: skip
+        old = self.get(rt, namespace if rt.namespaced else "", name)
+        old_meta = old["metadata"]
+        if meta.get("uid") and meta["uid"] != old_meta["uid"]:
+            raise conflict(rt, name, f"Precondition failed: UID in precondition: {meta['uid']}, UID in object "
+                           f"meta: {old_meta['uid']}")  # fmt: skip
+        if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
+            raise conflict(rt, name, STALE)
+        if status:  # only the status changes; metadata and spec stay as stored
+            obj = {**json_copy(old), "status": obj.get("status")}
+            meta = obj["metadata"]
+            if obj["status"] is None:
+                del obj["status"]
+        else:
+            for field in _SYSTEM_FIELDS:
+                meta.pop(field, None)
+                if field in old_meta:
+                    meta[field] = old_meta[field]
+            if rt.has_status:
+                obj.pop("status", None)
+                if "status" in old:
+                    obj["status"] = old["status"]
+        if rt is RESOURCE_SLICES:
+            drop_disabled_fields(obj, old, self.disabled_gates)
+            _default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
+        if rt.tracks_generation and obj.get("spec") != old.get("spec"):
+            meta["generation"] = int(old_meta.get("generation") or 0) + 1
+        errors: list[str] = []
+        if rt is RESOURCE_SLICES:
+            errors = validate_resource_slice_update(old, obj)
+        elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
+            errors = ["spec: field is immutable"]
+        elif rt is EVENTS_V1:
+            _decode_micro_times(obj)
+            errors = validate_event_update(old, obj)
+        if errors:
+            raise invalid(rt, name, errors)
+        meta["resourceVersion"] = old_meta["resourceVersion"]
+        if obj == old or dry_run:  # an unchanged object is not written: same resourceVersion, no event
+            return old if obj == old else obj
+        return self._commit(rt, MODIFIED, obj, old)
+
+    def patch(
+        self, rt: ResourceType, namespace: str, name: str, patch: Any, *, status: bool = False, dry_run: bool = False
+    ) -> JsonObject:
+        """A merge patch applied to the stored object, then stored as an update of it."""
+        if not isinstance(patch, dict):
+            raise ApiError(400, "the patch must be a JSON object")
+        old = self.get(rt, namespace if rt.namespaced else "", name)
+        return self.update(rt, namespace, name, json_copy(merge_patch(old, patch)), status=status, dry_run=dry_run)
+
+    def delete(
+        self, rt: ResourceType, namespace: str, name: str, options: Any = None, *, dry_run: bool = False
+    ) -> JsonObject:
+        """Delete now (finalizers are not modelled), honouring ``preconditions``; returns the object as it was."""
+        old = self.get(rt, namespace if rt.namespaced else "", name)
+        meta = old["metadata"]
+        pre = options.get("preconditions") if isinstance(options, dict) else None
+        if isinstance(pre, dict):
+            if pre.get("uid") and pre["uid"] != meta["uid"]:
+                raise conflict(rt, name, f"Precondition failed: UID in precondition: {pre['uid']}, UID in object "
+                               f"meta: {meta['uid']}")  # fmt: skip
+            rv = pre.get("resourceVersion")
+            if rv and rv != meta["resourceVersion"]:
+                raise conflict(rt, name, f"Precondition failed: ResourceVersion in precondition: {rv}, "
+                               f"ResourceVersion in object meta: {meta['resourceVersion']}")  # fmt: skip
+        if not dry_run:
+            self._commit(rt, DELETED, old, old)
+        return old
+
+    def delete_collection(self, selector: Selector, *, dry_run: bool = False) -> JsonObject:
+        doomed = [obj for _, obj in sorted(self._objects[selector.rt].items()) if selector.matches(obj)]
+        for obj in doomed if not dry_run else ():
+            self._commit(selector.rt, DELETED, obj, obj)
+        rt, items = selector.rt, [_without_type(obj) for obj in doomed]
+        meta = {"resourceVersion": str(self._rv)}
+        return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": items}
+
+    def put(self, rt: ResourceType, body: Mapping[str, Any]) -> JsonObject:
+        """Store ``body`` as given (status included, no validation), creating or replacing; watchers are told."""
+        obj = self._accept(rt, str((body.get("metadata") or {}).get("namespace") or "default"), json_copy(body))
+        meta = obj["metadata"]
+        if not meta.get("name"):
+            raise ValueError("put needs metadata.name")
+        old = self._objects[rt].get(_key(obj))
+        meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"] if old else now())
+        if rt.tracks_generation:
+            meta.setdefault("generation", 1)
+        return json_copy(self._commit(rt, MODIFIED if old else ADDED, obj, old))
+
+    def remove(self, rt: ResourceType, namespace: str, name: str) -> bool:
+        old = self._objects[rt].get((namespace if rt.namespaced else "", name))
+        if old is not None:
+            self._commit(rt, DELETED, old, old)
+        return old is not None
+
+    def _commit(self, rt: ResourceType, type_: str, obj: JsonObject, old: JsonObject | None) -> JsonObject:
+        self._rv += 1
+        key = _key(obj)
+        obj = _with_version(obj, self._rv)
+        if type_ == DELETED:
+            del self._objects[rt][key]
+        else:
+            self._objects[rt][key] = obj
+        change = Change(self._rv, type_, rt, obj, old)
+        self._history.append(change)
+        while len(self._history) > self._history_size:
+            self._compacted = self._history.popleft().rv
+        for watch in self._watches:
+            watch.offer(change)
+        return obj
+
+    # --- watches -------------------------------------------------------------------------------
+
+    def watch(self, selector: Selector, resource_version: str, *, initial: bool | None, bookmarks: bool) -> Watch:
+        """Open a watch. ``initial`` None means the default of the real server: current objects as ADDED events
+        when ``resource_version`` is "" or "0", else the changes after it (410 Gone if it is too old)."""
+        if resource_version not in ("", "0") and not resource_version.isdigit():
+            raise ApiError(400, f'invalid resource version "{resource_version}"')
+        watch = Watch(selector, bookmarks=bookmarks)
+        since = int(resource_version or 0)
+        send_initial = initial if initial is not None else since == 0
+        if send_initial:
+            for _, obj in sorted(self._objects[selector.rt].items()):
+                if selector.matches(obj):
+                    watch.send(ADDED, obj)
+            if initial and bookmarks:
+                watch.send(BOOKMARK, self.bookmark(selector.rt, initial_end=True))
+        elif resource_version in ("", "0"):
+            pass  # from now on
+        elif since < self._compacted:
+            gone = ApiError(410, f"too old resource version: {since} ({self._compacted + 1})", reason="Expired")
+            watch.send(ERROR, gone.status())
+            watch.end()
+            return watch
+        else:
+            for change in self._history:
+                if change.rv > since:
+                    watch.offer(change)
+        self._watches.add(watch)
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        self._watches.discard(watch)
+
+    def bookmark(self, rt: ResourceType, *, initial_end: bool = False) -> JsonObject:
+        meta: JsonObject = {"resourceVersion": str(self._rv)}
+        if initial_end:
+            meta["annotations"] = {INITIAL_EVENTS_END: "true"}
+        return {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}
+
+    def send_bookmarks(self) -> int:
+        """Queue a BOOKMARK on every watch that asked for them; returns how many."""
+        chosen = [w for w in self._watches if w.bookmarks]
+        for watch in chosen:
+            watch.send(BOOKMARK, self.bookmark(watch.selector.rt))
+        return len(chosen)
+
+    def end_watches(self, *, reset: bool = False) -> int:
+        """End every open watch, cleanly or by resetting its connection; returns how many."""
+        watches = list(self._watches)
+        for watch in watches:
+            watch.end(reset=reset)
+        self._watches.clear()
+        return len(watches)
+
+    def compact(self) -> None:
+        """Forget the change history, as etcd compaction does: older resourceVersions now give 410."""
+        self._compacted = self._rv
+        self._history.clear()
+
+
+def _decode_micro_times(event: Mapping[str, Any]) -> None:
+    """The real server decodes an Event's MicroTimes before validating it: a malformed one is a 400."""
+    series = event.get("series")
+    times = {"eventTime": event.get("eventTime")}
+    if isinstance(series, Mapping):
+        times["series.lastObservedTime"] = series.get("lastObservedTime")
+    for field, value in times.items():
+        if value is not None and not is_micro_time(value):
+            raise ApiError(400, f'Event in version "v1" cannot be handled as a Event: {field}: parsing time '
+                           f'{json.dumps(value)} as "2006-01-02T15:04:05.000000Z07:00": cannot parse')
+
+
+def _name_errors(meta: Mapping[str, Any]) -> list[str]:
+    name = meta.get("name")
+    if not name:
+        return ["metadata.name: name or generateName is required"]
+    return [] if is_dns_subdomain(name) else [f"metadata.name: {SUBDOMAIN_MSG}, got {json.dumps(name)}"]
