@@ -19,6 +19,7 @@ from typing import Any
 
 from agent.claims.cdi import CLASS, vendor
 from agent.claims.checkpoint import Checkpoint, CheckpointError
+from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
 from agent.claims.instances import Instances
 from agent.claims.locks import FileLock
 from agent.claims.plan import Owner
@@ -302,22 +303,18 @@ class Driver:
         settings = self._setup.settings
         plugin_dir = settings.plugins_dir / self.name
         plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        events = self._setup.events
         return Preparer(
-            driver=self.name,
-            pool=self._setup.node,
-            checkpoint=Checkpoint(self.checkpoint_path, self._setup.boot_id, driver=self.name,
-                                  owner=self._setup.instances.id),
-            store=SpecStore(settings.cdi_dir, vendor(self.name), CLASS),
-            claims=self._setup.kube,
-            owner_of=self._owners.get,
-            backends={r.name: r.plugin.backend for r in self._reports.values()},
-            log=get_logger("preparer"),
-            instance_lock=FileLock(plugin_dir / "serialize.lock"),
-            serialize=settings.pod_uid is not None,
-            owner_alive=self._setup.instances.alive,
-            metrics=self._setup.metrics,
-            unusable=self._unusable,
-            on_failure=None if self._setup.events is None else partial(self._setup.events.prepare_failed, self.name),
+            DriverDevices(self.name, self._setup.node, {r.name: r.plugin.backend for r in self._reports.values()},
+                          self._owners.get, self._unusable),
+            ClaimMemory(Checkpoint(self.checkpoint_path, self._setup.boot_id, driver=self.name,
+                                   owner=self._setup.instances.id),
+                        SpecStore(settings.cdi_dir, vendor(self.name), CLASS)),
+            ClaimSource(self._setup.kube),
+            instances=InstanceGuard(FileLock(plugin_dir / "serialize.lock"), serialize=settings.pod_uid is not None,
+                                    owner_alive=self._setup.instances.alive),
+            reporting=Reporting(get_logger("preparer"), self._setup.metrics,
+                                None if events is None else partial(events.prepare_failed, self.name)),
         )
 
     def _reaped(self, record: ClaimRecord, why: str) -> None:

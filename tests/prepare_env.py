@@ -11,6 +11,7 @@ from typing import Any
 
 from agent.claims.cdi import CLASS, vendor
 from agent.claims.checkpoint import Checkpoint
+from agent.claims.collaborators import CLAIM_READ_SECONDS, ClaimMemory, ClaimSource, DriverDevices, Reporting
 from agent.claims.plan import Owner
 from agent.claims.preparer import Preparer
 from agent.logs import get_logger
@@ -68,7 +69,8 @@ class PrepareEnv:
     def cdi_dir(self) -> Path:
         return self.root / "cdi"
 
-    def preparer(self, driver: str, boot_id: str | None = None, **options: Any) -> Preparer:
+    def preparer(self, driver: str, boot_id: str | None = None,
+                 read_seconds: float = CLAIM_READ_SECONDS) -> Preparer:
         """A (new) Preparer for a driver, as a (re)started agent would build it."""
         owners: dict[str, Owner] = {}
         backends = {}
@@ -81,10 +83,11 @@ class PrepareEnv:
                                             tuple(getattr(report.plugin.backend, "config_types", ())))
         boot = boot_id or self.node.boot_id_file.read_text().strip()
         preparer = Preparer(
-            driver=driver, pool=NODE,
-            checkpoint=Checkpoint(self.root / "state" / driver / "checkpoint.journal", boot),
-            store=SpecStore(self.cdi_dir, vendor(driver), CLASS),
-            claims=self.claims, owner_of=owners.get, backends=backends, log=get_logger("test"), **options,
+            DriverDevices(driver, NODE, backends, owners.get),
+            ClaimMemory(Checkpoint(self.root / "state" / driver / "checkpoint.journal", boot),
+                        SpecStore(self.cdi_dir, vendor(driver), CLASS)),
+            ClaimSource(self.claims, read_seconds),
+            reporting=Reporting(get_logger("test")),
         )
         preparer.checkpoint.load()
         self.preparers[driver] = preparer

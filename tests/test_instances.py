@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.claims.checkpoint import Checkpoint
+from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
 from agent.claims.instances import InstanceError, Instances
 from agent.claims.preparer import Preparer
 from agent.claims.recovery import recover
@@ -92,10 +93,12 @@ async def _recover_beside(scratch: Path, journal: Path, other: subprocess.Popen[
     writer.start("00000000-0000-0000-0000-000000000002", "ns", "cut", (("gpu-1", "nvidia-gpu"),))
     writer.close()
     me = Instances(scratch / "state").register(POD_B)
-    preparer = Preparer(driver="gpu.nvidia.com", pool="node-a", checkpoint=Checkpoint(journal, BOOT, owner=me.id),
-                        store=SpecStore(scratch / "cdi", "k8s.gpu.nvidia.com", "claim"), claims=None,  # type: ignore[arg-type]
-                        owner_of=lambda device: None, backends={"nvidia-gpu": Undoing()},  # type: ignore[dict-item]
-                        log=get_logger("test"), owner_alive=me.alive)
+    preparer = Preparer(DriverDevices("gpu.nvidia.com", "node-a", {"nvidia-gpu": Undoing()},  # type: ignore[dict-item]
+                                      lambda device: None),
+                        ClaimMemory(Checkpoint(journal, BOOT, owner=me.id),
+                                    SpecStore(scratch / "cdi", "k8s.gpu.nvidia.com", "claim")),
+                        ClaimSource(None),  # type: ignore[arg-type]
+                        instances=InstanceGuard(owner_alive=me.alive), reporting=Reporting(get_logger("test")))
     try:
         await recover(preparer)
         assert set(preparer.checkpoint.claims) == {"00000000-0000-0000-0000-000000000001"}

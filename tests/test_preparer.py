@@ -409,7 +409,7 @@ async def test_one_uid_twice_in_a_request_gets_one_consistent_answer(env: Prepar
 
 async def test_a_claim_read_that_never_returns_fails_within_its_own_deadline(env: PrepareEnv) -> None:
     ref = env.claims.add("train", [("gpu", GPU, env.devices(GPU)[0])])
-    preparer = env.preparer(GPU, claim_read_seconds=0.05)
+    preparer = env.preparer(GPU, read_seconds=0.05)
     env.claims.hanging = True
     result = (await preparer.prepare([ref]))[ref.uid]
     assert result.error == "cannot read claim default/train: no answer from the API server within 0.05 s"

@@ -12,83 +12,47 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
-from typing import Any, Protocol
-
-from structlog.typing import FilteringBoundLogger
 
 from agent.claims.cdi import cdi_device_id, claim_spec
-from agent.claims.checkpoint import Checkpoint
-from agent.claims.locks import FileLock, KeyedLocks
+from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
+from agent.claims.locks import KeyedLocks
 from agent.claims.plan import Owner, Plan, one_per_uid, plan_claim
 from agent.claims.read import ClaimError, check_reference, read_allocation
 from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.claims.results import ClaimResult, PreparedDeviceResult
-from agent.metrics import Metrics
-from backends.contract import Allocated, Backend, BackendError, ClaimRef, Prepared
+from backends.contract import Allocated, BackendError, ClaimRef, Prepared
 from backends.failpoints import failpoint
-from cdi.store import SpecStore
 
-__all__ = ["CLAIM_READ_SECONDS", "ClaimReader", "Preparer"]
+__all__ = ["Preparer"]
 
 BACKEND_TIMEOUT = 40.0
 """Seconds a backend may take for one claim: below the kubelet's 45 s deadline, so the claim gets an answer."""
-CLAIM_READ_SECONDS = 10.0
-"""Seconds reading a claim from the API server may take, connecting included: a stalled API server fails the claim
-well within the kubelet's 45 s deadline, and the kubelet asks again."""
-
-
-class ClaimReader(Protocol):
-    """Reads ResourceClaims from the API server."""
-
-    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The claim, None when it does not exist; other failures raise with a message for the operator."""
-
-
 class Preparer:
-    """Prepare/unprepare for one driver on this node.
+    """Prepare/unprepare for one driver on this node (the parts it works with: agent/claims/collaborators.py)."""
 
-    `instance_lock` is the lock every agent instance on the node takes before changing shared state; with
-    `serialize` (rolling updates: two instances serve the kubelet) every prepare and unprepare holds it too.
-    """
-
-    def __init__(
-        self,
-        *,
-        driver: str,
-        pool: str,
-        checkpoint: Checkpoint,
-        store: SpecStore,
-        claims: ClaimReader,
-        owner_of: Callable[[str], Owner | None],
-        backends: Mapping[str, Backend],
-        log: FilteringBoundLogger,
-        instance_lock: FileLock | None = None,
-        serialize: bool = False,
-        owner_alive: Callable[[str], bool] = lambda owner: False,
-        metrics: Metrics | None = None,
-        unusable: Callable[[str], str | None] = lambda device: None,
-        claim_read_seconds: float = CLAIM_READ_SECONDS,
-        on_failure: Callable[[ClaimRef, str], None] | None = None,
-    ) -> None:
-        self.driver = driver
-        self.pool = pool
-        self.checkpoint = checkpoint
-        self.store = store
-        self.backends = backends
-        self.owner_of = owner_of
-        self.owner_alive = owner_alive  # whether the agent instance that wrote a record still runs
-        self.instance_lock = instance_lock
-        self.log = log.bind(driver=driver)
-        self._claims = claims
+    def __init__(self, devices: DriverDevices, memory: ClaimMemory, claims: ClaimSource, *,
+                 instances: InstanceGuard | None = None, reporting: Reporting | None = None) -> None:
+        instances = instances or InstanceGuard()
+        reporting = reporting or Reporting()
+        self.driver = devices.driver
+        self.pool = devices.pool
+        self.backends = devices.backends
+        self.owner_of = devices.owner_of
+        self.checkpoint = memory.checkpoint
+        self.store = memory.specs
+        self.claim_read_seconds = claims.read_seconds
+        self.instance_lock = instances.lock
+        self.owner_alive = instances.owner_alive  # whether the agent instance that wrote a record still runs
+        self.log = reporting.log.bind(driver=devices.driver)
+        self._claims = claims.reader
         self._locks = KeyedLocks()
-        self._serialize = serialize and instance_lock is not None
-        self._metrics = metrics
-        self._unusable = unusable  # device → why it must not be newly prepared (unhealthy), else None
-        self.claim_read_seconds = claim_read_seconds
-        self._on_failure = on_failure  # told of every claim not prepared, with the error (never blocks)
+        self._serialize = instances.serialize and instances.lock is not None
+        self._metrics = reporting.metrics
+        self._unusable = devices.unusable  # device → why it must not be newly prepared (unhealthy), else None
+        self._on_failure = reporting.on_failure  # told of every claim not prepared, with the error (never blocks)
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.claims.preparer import ClaimReader, Preparer
+from agent.claims.collaborators import ClaimReader
+from agent.claims.preparer import Preparer
 from agent.claims.records import ClaimRecord
 from agent.metrics import Metrics
 from backends.contract import ClaimRef
