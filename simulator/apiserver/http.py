@@ -28,7 +28,8 @@ from simulator.apiserver.resources import (
     resource_at,
 )
 from simulator.apiserver.selectors import Selector
-from simulator.apiserver.store import BOOKMARK, Store, Watch
+from simulator.apiserver.store import Store
+from simulator.apiserver.watches import BOOKMARK, Watch
 
 log = logging.getLogger(__name__)
 

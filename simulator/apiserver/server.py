@@ -35,6 +35,7 @@ from aiohttp import web
 from simulator.apiserver.faults import Fault, FaultRules, Methods, PathPattern, QueryTest, RequestRecord
 from simulator.apiserver.faults import select_records as _select
 from simulator.apiserver.http import HttpFrontEnd
+from simulator.apiserver.objects import json_copy
 from simulator.apiserver.resources import (
     EVENTS,
     EVENTS_V1,
@@ -44,7 +45,7 @@ from simulator.apiserver.resources import (
     JsonObject,
     resource_named,
 )
-from simulator.apiserver.store import Store, json_copy
+from simulator.apiserver.store import Store
 
 __all__ = ["Fault", "RequestRecord", "TestApiServer", "main"]
 

@@ -9,7 +9,6 @@ are never mutated once committed, so they can be shared with watchers and serial
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
@@ -17,13 +16,23 @@ import secrets
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any
 
-from agent.events.rules import is_micro_time, validate_event, validate_event_update
-from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
+from agent.events.rules import validate_event, validate_event_update
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
+from simulator.apiserver.objects import (
+    Key,
+    decode_micro_times,
+    default_taint_times,
+    drop_disabled_fields,
+    json_copy,
+    merge_patch,
+    name_errors,
+    now,
+    object_key,
+    with_version,
+    without_type,
+)
 from simulator.apiserver.resources import (
     EVENTS_V1,
     RESOURCE_CLAIMS,
@@ -39,135 +48,11 @@ from simulator.apiserver.resources import (
     not_found,
 )
 from simulator.apiserver.selectors import Selector
+from simulator.apiserver.watches import ADDED, BOOKMARK, DELETED, ERROR, MODIFIED, Change, Watch
 
-ADDED, MODIFIED, DELETED, BOOKMARK, ERROR = "ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet: no vowels, no 0/1/3
 _SYSTEM_FIELDS = ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds")
-
-Key = tuple[str, str]  # (namespace or "", name)
-_T = TypeVar("_T")
-
-
-def now() -> str:
-    """The current time as the API server writes timestamps: RFC 3339, UTC, whole seconds."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def json_copy(value: _T) -> _T:
-    """A deep copy of JSON-shaped data (faster than copy.deepcopy for it)."""
-    return cast(_T, json.loads(json.dumps(value)))
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch; returns new containers and leaves ``target`` untouched."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def _key(obj: Mapping[str, Any]) -> Key:
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace") or "", meta.get("name") or ""
-
-
-def _without_type(obj: JsonObject) -> JsonObject:
-    """List items carry no apiVersion and kind in real list responses."""
-    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
-
-
-def _with_version(obj: JsonObject, rv: int) -> JsonObject:
-    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
-
-
-_GATED_DEVICE_FIELDS = {
-    "DRADeviceTaints": ("taints",),
-    "DRAPartitionableDevices": ("consumesCounters", "nodeName", "nodeSelector", "allNodes"),
-}
-_GATED_SPEC_FIELDS = {"DRAPartitionableDevices": ("sharedCounters", "perDeviceNodeSelection")}
-
-
-def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[str]) -> None:
-    """What the real server does with the fields of a feature gate that is off: drop them silently, unless the
-    stored object already used them (then an update keeps them)."""
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        return
-    old_spec = (old or {}).get("spec") or {}
-
-    def used(fields: tuple[str, ...], device_fields: tuple[str, ...]) -> bool:
-        return any(old_spec.get(f) is not None for f in fields) or any(
-            isinstance(d, dict) and any(d.get(f) is not None for f in device_fields)
-            for d in old_spec.get("devices") or ())
-
-    for gate in disabled:
-        spec_fields, device_fields = _GATED_SPEC_FIELDS.get(gate, ()), _GATED_DEVICE_FIELDS.get(gate, ())
-        if used(spec_fields, device_fields):
-            continue
-        for name in spec_fields:
-            spec.pop(name, None)
-        for device in spec.get("devices") or ():
-            for name in device_fields:
-                if isinstance(device, dict):
-                    device.pop(name, None)
-
-
-def _default_taint_times(obj: JsonObject) -> None:
-    """Defaulting of ResourceSlice taints: a missing ``timeAdded`` becomes now, cut to seconds (T4)."""
-    devices = (obj.get("spec") or {}).get("devices") if isinstance(obj.get("spec"), dict) else None
-    for device in devices if isinstance(devices, list) else ():
-        taints = device.get("taints") if isinstance(device, dict) else None
-        for taint in taints if isinstance(taints, list) else ():
-            if isinstance(taint, dict) and not taint.get("timeAdded"):
-                taint["timeAdded"] = now()
-
-
-@dataclass(frozen=True)
-class Change:
-    """One committed write, as kept in the watch history."""
-
-    rv: int
-    type: str
-    rt: ResourceType
-    obj: JsonObject
-    old: JsonObject | None
-
-
-class Watch:
-    """One open watch: the events it still has to send, in order, then how it ends (clean end or reset)."""
-
-    END, RESET = "end", "reset"
-
-    def __init__(self, selector: Selector, *, bookmarks: bool) -> None:
-        self.selector = selector
-        self.bookmarks = bookmarks
-        self.queue: asyncio.Queue[JsonObject | str] = asyncio.Queue()
-
-    def send(self, type_: str, obj: JsonObject) -> None:
-        self.queue.put_nowait({"type": type_, "object": obj})
-
-    def offer(self, change: Change) -> None:
-        """Queue what this watch sees of ``change``: objects entering or leaving its selector are ADDED or DELETED."""
-        if change.rt is not self.selector.rt:
-            return
-        now_matches = change.type != DELETED and self.selector.matches(change.obj)
-        was_matching = change.old is not None and self.selector.matches(change.old)
-        if change.type == DELETED:
-            if was_matching:
-                self.send(DELETED, change.obj)
-        elif now_matches:
-            self.send(MODIFIED if was_matching else ADDED, change.obj)
-        elif was_matching and change.old is not None:
-            self.send(DELETED, _with_version(change.old, change.rv))
-
-    def end(self, *, reset: bool = False) -> None:
-        self.queue.put_nowait(self.RESET if reset else self.END)
 
 
 class Store:
@@ -206,16 +91,16 @@ class Store:
         items = [obj for key, obj in sorted(self._objects[rt].items()) if selector.matches(obj)]
         if continue_token:
             start = self._continue_key(continue_token)
-            items = [obj for obj in items if _key(obj) > start]
+            items = [obj for obj in items if object_key(obj) > start]
         meta: JsonObject = {"resourceVersion": str(self._rv)}
         if 0 < limit < len(items):
-            last = _key(items[limit - 1])
+            last = object_key(items[limit - 1])
             token = json.dumps({"rv": self._rv, "start": list(last)}).encode()
             meta["continue"] = base64.urlsafe_b64encode(token).decode()
             meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
         return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta,
-                "items": [_without_type(obj) for obj in items]}  # fmt: skip
+                "items": [without_type(obj) for obj in items]}  # fmt: skip
 
     @staticmethod
     def _continue_key(token: str) -> Key:
@@ -268,13 +153,13 @@ class Store:
             obj.pop("status", None)  # status is written through /status only
         if rt is RESOURCE_SLICES:
             drop_disabled_fields(obj, None, self.disabled_gates)
-            _default_taint_times(obj)
+            default_taint_times(obj)
             errors = validate_resource_slice(obj)
         elif rt is EVENTS_V1:
-            _decode_micro_times(obj)
+            decode_micro_times(obj)
             errors = validate_event(obj)
         else:
-            errors = _name_errors(meta)
+            errors = name_errors(meta)
         if errors:
             raise invalid(rt, str(meta.get("name") or ""), errors)
         if (namespace if rt.namespaced else "", meta["name"]) in self._objects[rt]:
@@ -319,7 +204,7 @@ class Store:
                     obj["status"] = old["status"]
         if rt is RESOURCE_SLICES:
             drop_disabled_fields(obj, old, self.disabled_gates)
-            _default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
+            default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
         if rt.tracks_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation") or 0) + 1
         errors: list[str] = []
@@ -328,7 +213,7 @@ class Store:
         elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
             errors = ["spec: field is immutable"]
         elif rt is EVENTS_V1:
-            _decode_micro_times(obj)
+            decode_micro_times(obj)
             errors = validate_event_update(old, obj)
         if errors:
             raise invalid(rt, name, errors)
@@ -369,7 +254,7 @@ class Store:
         doomed = [obj for _, obj in sorted(self._objects[selector.rt].items()) if selector.matches(obj)]
         for obj in doomed if not dry_run else ():
             self._commit(selector.rt, DELETED, obj, obj)
-        rt, items = selector.rt, [_without_type(obj) for obj in doomed]
+        rt, items = selector.rt, [without_type(obj) for obj in doomed]
         meta = {"resourceVersion": str(self._rv)}
         return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": items}
 
@@ -379,7 +264,7 @@ class Store:
         meta = obj["metadata"]
         if not meta.get("name"):
             raise ValueError("put needs metadata.name")
-        old = self._objects[rt].get(_key(obj))
+        old = self._objects[rt].get(object_key(obj))
         meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"] if old else now())
         if rt.tracks_generation:
@@ -394,8 +279,8 @@ class Store:
 
     def _commit(self, rt: ResourceType, type_: str, obj: JsonObject, old: JsonObject | None) -> JsonObject:
         self._rv += 1
-        key = _key(obj)
-        obj = _with_version(obj, self._rv)
+        key = object_key(obj)
+        obj = with_version(obj, self._rv)
         if type_ == DELETED:
             del self._objects[rt][key]
         else:
@@ -468,20 +353,3 @@ class Store:
         self._history.clear()
 
 
-def _decode_micro_times(event: Mapping[str, Any]) -> None:
-    """The real server decodes an Event's MicroTimes before validating it: a malformed one is a 400."""
-    series = event.get("series")
-    times = {"eventTime": event.get("eventTime")}
-    if isinstance(series, Mapping):
-        times["series.lastObservedTime"] = series.get("lastObservedTime")
-    for field, value in times.items():
-        if value is not None and not is_micro_time(value):
-            raise ApiError(400, f'Event in version "v1" cannot be handled as a Event: {field}: parsing time '
-                           f'{json.dumps(value)} as "2006-01-02T15:04:05.000000Z07:00": cannot parse')
-
-
-def _name_errors(meta: Mapping[str, Any]) -> list[str]:
-    name = meta.get("name")
-    if not name:
-        return ["metadata.name: name or generateName is required"]
-    return [] if is_dns_subdomain(name) else [f"metadata.name: {SUBDOMAIN_MSG}, got {json.dumps(name)}"]

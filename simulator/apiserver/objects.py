@@ -1,0 +1,123 @@
+"""What the test API server does to an object's JSON on its way in and out, as the real registry does: timestamps,
+copies, JSON merge patches, fields of disabled feature gates dropped, defaults, and the checks of names and Event
+MicroTimes that come before validation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+from agent.events.rules import is_micro_time
+from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
+from simulator.apiserver.resources import ApiError, JsonObject
+
+__all__ = ["Key", "decode_micro_times", "default_taint_times", "drop_disabled_fields", "json_copy", "merge_patch",
+           "name_errors", "now", "object_key", "with_version", "without_type"]
+
+Key = tuple[str, str]  # (namespace or "", name)
+
+
+_T = TypeVar("_T")
+
+
+def now() -> str:
+    """The current time as the API server writes timestamps: RFC 3339, UTC, whole seconds."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def json_copy(value: _T) -> _T:
+    """A deep copy of JSON-shaped data (faster than copy.deepcopy for it)."""
+    return cast(_T, json.loads(json.dumps(value)))
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch; returns new containers and leaves ``target`` untouched."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def object_key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def without_type(obj: JsonObject) -> JsonObject:
+    """List items carry no apiVersion and kind in real list responses."""
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+
+
+def with_version(obj: JsonObject, rv: int) -> JsonObject:
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
+
+
+_GATED_DEVICE_FIELDS = {
+    "DRADeviceTaints": ("taints",),
+    "DRAPartitionableDevices": ("consumesCounters", "nodeName", "nodeSelector", "allNodes"),
+}
+
+
+_GATED_SPEC_FIELDS = {"DRAPartitionableDevices": ("sharedCounters", "perDeviceNodeSelection")}
+
+
+def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[str]) -> None:
+    """What the real server does with the fields of a feature gate that is off: drop them silently, unless the
+    stored object already used them (then an update keeps them)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    old_spec = (old or {}).get("spec") or {}
+
+    def used(fields: tuple[str, ...], device_fields: tuple[str, ...]) -> bool:
+        return any(old_spec.get(f) is not None for f in fields) or any(
+            isinstance(d, dict) and any(d.get(f) is not None for f in device_fields)
+            for d in old_spec.get("devices") or ())
+
+    for gate in disabled:
+        spec_fields, device_fields = _GATED_SPEC_FIELDS.get(gate, ()), _GATED_DEVICE_FIELDS.get(gate, ())
+        if used(spec_fields, device_fields):
+            continue
+        for name in spec_fields:
+            spec.pop(name, None)
+        for device in spec.get("devices") or ():
+            for name in device_fields:
+                if isinstance(device, dict):
+                    device.pop(name, None)
+
+
+def default_taint_times(obj: JsonObject) -> None:
+    """Defaulting of ResourceSlice taints: a missing ``timeAdded`` becomes now, cut to seconds (T4)."""
+    devices = (obj.get("spec") or {}).get("devices") if isinstance(obj.get("spec"), dict) else None
+    for device in devices if isinstance(devices, list) else ():
+        taints = device.get("taints") if isinstance(device, dict) else None
+        for taint in taints if isinstance(taints, list) else ():
+            if isinstance(taint, dict) and not taint.get("timeAdded"):
+                taint["timeAdded"] = now()
+
+
+def decode_micro_times(event: Mapping[str, Any]) -> None:
+    """The real server decodes an Event's MicroTimes before validating it: a malformed one is a 400."""
+    series = event.get("series")
+    times = {"eventTime": event.get("eventTime")}
+    if isinstance(series, Mapping):
+        times["series.lastObservedTime"] = series.get("lastObservedTime")
+    for field, value in times.items():
+        if value is not None and not is_micro_time(value):
+            raise ApiError(400, f'Event in version "v1" cannot be handled as a Event: {field}: parsing time '
+                           f'{json.dumps(value)} as "2006-01-02T15:04:05.000000Z07:00": cannot parse')
+
+
+def name_errors(meta: Mapping[str, Any]) -> list[str]:
+    name = meta.get("name")
+    if not name:
+        return ["metadata.name: name or generateName is required"]
+    return [] if is_dns_subdomain(name) else [f"metadata.name: {SUBDOMAIN_MSG}, got {json.dumps(name)}"]
