@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.kubelet.services import DeviceHealthReport, HealthStatus
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from simulator.nvml.control import request
 from simulator.udev.hotplug import UdevInjector
 from simulator.udev.preload import UdevPreloadError, environment

@@ -31,7 +31,8 @@ from bench.agent_timing import environment, spans_within
 from bench.discover import profile_with_vfs
 from bench.machine import conditions
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"

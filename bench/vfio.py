@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.agent_timing import AGENT_SPANS, agent_share, environment, spans_within
 from bench.machine import conditions
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for, wait_until
 
 GPU, SRIOV = "gpu.nvidia.com", "sriov.dra-agent.io"

@@ -29,7 +29,8 @@ from agent.settings import Settings
 from backends.contract import ClaimRef
 from simulator.apiserver.server import TestApiServer
 from simulator.kernel.services import served_nvml
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from simulator.nvml.api import SimulatedNvml
 from tests.timing import scaled
 

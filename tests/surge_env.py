@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, AgentProcess, settings_for
 from tests.timing import scaled
 

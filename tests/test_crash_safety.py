@@ -14,7 +14,8 @@ import pytest
 from agent.claims.checkpoint import Checkpoint
 from backends.failpoints import POINTS
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletError, KubeletSimulator
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import KubeletError
 from tests.agent_env import NODE, AgentProcess, allocate, plugin_after_restart, settings_for, wait_until
 
 GPU = "gpu.nvidia.com"

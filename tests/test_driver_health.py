@@ -39,7 +39,8 @@ from backends.contract import (
 )
 from cdi.spec import ContainerEdits, DeviceNode
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, allocate, settings_for, wait_until
 
 DRIVER = "accel.example.com"

@@ -18,7 +18,8 @@ import pytest
 from agent.claims import checkpoint
 from agent.events.recorder import CONTROLLER
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU = "gpu.nvidia.com"

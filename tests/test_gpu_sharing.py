@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from backends.nvidia.nvml import nvml_session
-from simulator.kubelet import KubeletError, KubeletSimulator
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import KubeletError
 from simulator.node.node import SimulatedNode
 from tests.agent_env import (
     agent_in_process,

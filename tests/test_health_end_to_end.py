@@ -17,7 +17,8 @@ import pytest
 
 from agent.kubelet.services import HealthStatus
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import HealthView, KubeletSimulator, Plugin
+from simulator.kubelet import HealthView, KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from simulator.nvml.control import request
 from simulator.udev.hotplug import UdevInjector
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until

@@ -25,7 +25,8 @@ from agent.kubelet.services import (
     add_registration_service,
 )
 from backends.contract import ClaimRef
-from simulator.kubelet import KubeletError, KubeletSimulator, Plugin, RegistrationRefused
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import KubeletError, Plugin, RegistrationRefused
 
 DRIVER = "gpu.example.com"
 CLAIM_A = ClaimRef(uid="uid-a", namespace="ns", name="claim-a")

@@ -29,7 +29,8 @@ from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from backends.nvidia.nvml_mig import gpu_instance_profiles
 from backends.topology import TopologyReader
-from simulator.kubelet import KubeletError, KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import KubeletError, Plugin
 from simulator.node.node import SimulatedNode, mig_minor
 from simulator.node.variants import in_mig_mode
 from tests.agent_env import agent_in_process, allocate, lose_claims, plugin_after_restart, two_agents

@@ -15,7 +15,8 @@ import yaml
 
 from agent.node.inventory import BackendReport, merge_pools
 from backends.failpoints import MIG_WHOLE_POINTS
-from simulator.kubelet import KubeletError, KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import KubeletError, Plugin
 from tests.agent_env import (
     InProcess,
     agent_in_process,

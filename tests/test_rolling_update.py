@@ -24,7 +24,7 @@ import yaml
 from agent.claims.checkpoint import Checkpoint
 from agent.claims.results import ClaimResult
 from backends.contract import ClaimRef
-from simulator.kubelet import KubeletError, Plugin
+from simulator.kubelet_connection import KubeletError, Plugin
 from simulator.nvml.control import request
 from tests.agent_env import allocate, journal_entries, wait_until
 from tests.surge_env import Surge, both_registered, made_on_node, surge_env

@@ -28,7 +28,8 @@ from backends.topology import TopologyReader
 from backends.vfio import Passthrough, VfioConfig
 from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletError, KubeletSimulator
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import KubeletError
 from tests.agent_env import (
     NODE,
     AgentProcess,

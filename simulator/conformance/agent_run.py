@@ -24,7 +24,8 @@ from simulator.apiserver.server import TestApiServer
 from simulator.conformance.bench import NODE, CheckFailed, pick
 from simulator.conformance.node_state import settled_state
 from simulator.conformance.target import BadClaimConfig, Target
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from simulator.node.node import SimulatedNode
 
 __all__ = ["claim_config_errors", "served_by_agent"]

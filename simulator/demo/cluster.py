@@ -25,7 +25,8 @@ from typing import Any
 from agent.claims.results import ClaimResult
 from backends.contract import ClaimRef
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator, Plugin
+from simulator.kubelet import KubeletSimulator
+from simulator.kubelet_connection import Plugin
 from simulator.nvml.control import request as nvml_request
 from simulator.scheduler.allocation import Allocation
 from simulator.scheduler.allocator import Allocator

@@ -23,7 +23,7 @@ from simulator.demo.health import HEALTH_CONFIG, gpu_failure
 from simulator.demo.reconfig import MIG_CONFIG, dgx_h100_in_mig_mode, dynamic_mig, vfio
 from simulator.demo.scenarios import GKE_NODES, aligned_nic, all_gpus, readiness, tour
 from simulator.demo.story import Story
-from simulator.kubelet import KubeletError
+from simulator.kubelet_connection import KubeletError
 from simulator.scheduler.allocation import Unallocatable
 
 DEFAULT_PROFILE = "dgx-h100"
