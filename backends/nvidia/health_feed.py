@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.base import DeviceEventQueue, pci_events_summary
 from backends.contract import DeviceEvents, DevicesChanged, Health, HealthEvent
+from backends.nvidia.health_notices import Subscriber
 from backends.nvidia.health_rules import (
     GPU_LOST,
     NO_INSTANCE,
@@ -32,7 +33,7 @@ from backends.nvidia.health_rules import (
     unmonitored,
     worse,
 )
-from backends.nvidia.health_watcher import HealthWatcher, Subscriber, subscribe, unsubscribe
+from backends.nvidia.health_watcher import HealthWatcher, subscribe, unsubscribe
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -15,23 +15,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from contextlib import suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter
-
-from backends.nvidia.health_rules import (
-    WATCHED_EVENTS,
-    EventType,
-    GpuEvent,
-    GpuLost,
-    GpuRecovered,
-    GpuUnmonitored,
-    Notice,
-)
+from backends.nvidia.health_notices import Notices, Subscriber
+from backends.nvidia.health_rules import WATCHED_EVENTS, EventType, GpuEvent, GpuLost, GpuUnmonitored
 from backends.nvidia.nvml import NvmlError, NvmlUnavailable, nvml_session
 from backends.nvidia.nvml_events import (
     GPU_IS_LOST,
@@ -44,51 +31,29 @@ from backends.nvidia.nvml_events import (
 )
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
     from structlog.typing import FilteringBoundLogger
 
-__all__ = ["WAIT_MS", "HealthWatcher", "Subscriber", "subscribe", "unsubscribe"]
+__all__ = ["WAIT_MS", "HealthWatcher", "subscribe", "unsubscribe"]
 
 WAIT_MS = 1000
 """How long one NVML wait blocks: a stop takes at most this long; idle, the thread wakes once per wait."""
 
-_HISTORY = 16  # events kept per GPU until it recovers, for a backend that subscribes later
-
-
-@dataclass(eq=False)
-class Subscriber:
-    """A backend's end: `deliver` runs on `loop` for every notice."""
-
-    loop: asyncio.AbstractEventLoop
-    deliver: Callable[[Notice], None]
-    recheck_seconds: float
-    log: FilteringBoundLogger
-    registry: CollectorRegistry | None = None
-
-
-@dataclass(frozen=True)
-class _Reported:
-    notice: GpuLost | GpuUnmonitored
-    permanent: bool = False  # the GPU cannot deliver events at all: nothing to re-check
-
-
 class HealthWatcher:
-    """The thread and what it knows: the GPUs, which are lost or unmonitored, which backends suspect."""
+    """The thread and what it knows: the GPUs, which backends suspect, what they asked for; what it has told
+    them is kept in `Notices`."""
 
     def __init__(self, log: FilteringBoundLogger, wait_ms: int | None = None) -> None:
         self._log = log
         self._wait_ms = WAIT_MS if wait_ms is None else wait_ms
-        self._lock = threading.Lock()  # guards what the event loops touch: subscribers, requests, reports
+        self._notices = Notices(log)
+        self._lock = threading.Lock()  # guards what the event loops touch: the thread's start, requests
         self._wake = threading.Event()
-        self._subscribers: list[Subscriber] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._asked: set[str] = set()  # UUIDs or bus ids to probe at once
         self._suspected: set[str] = set()  # UUIDs a backend found unhealthy
         self._expected: set[str] = set()  # UUIDs backends publish devices on
         self._refresh = False
-        self._reported: dict[str, _Reported] = {}
-        self._history: dict[str, deque[GpuEvent]] = {}
         # The thread's own state.
         self._gpus: dict[str, WatchedGpu] = {}
         self._by_key: dict[int, str] = {}
@@ -96,36 +61,20 @@ class HealthWatcher:
         self._suspects: dict[str, bool] = {}  # UUID → whether NVML answered for it when last probed
         self._events: EventSet | None = None
         self._due: float | None = None
-        self._xids = Counter("dra_agent_nvidia_xids", "Xid errors NVML reported, by code", ["code"], registry=None)
-        self._registries: list[CollectorRegistry] = []
 
     # -- the event loops' side (thread-safe) ------------------------------------------------------------
 
     def subscribe(self, sub: Subscriber) -> None:
         """Add a subscriber, tell it what is known already, and start the thread if it is not running."""
+        self._notices.add(sub)
         with self._lock:
-            self._subscribers.append(sub)
-            if sub.registry is not None and not any(r is sub.registry for r in self._registries):
-                try:
-                    sub.registry.register(self._xids)
-                    self._registries.append(sub.registry)
-                except ValueError as e:  # another watcher of this process is still stopping
-                    sub.log.warning("Xid counter not registered", reason=str(e))
-            for events in self._history.values():
-                for event in events:
-                    sub.loop.call_soon_threadsafe(sub.deliver, event)
-            for reported in self._reported.values():
-                sub.loop.call_soon_threadsafe(sub.deliver, reported.notice)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="nvml-health", daemon=True)
                 self._thread.start()
 
     def unsubscribe(self, sub: Subscriber) -> bool:
         """Remove a subscriber; True when it was the last one (then call `stop`)."""
-        with self._lock:
-            if sub in self._subscribers:
-                self._subscribers.remove(sub)
-            return not self._subscribers
+        return self._notices.remove(sub)
 
     def expect(self, uuids: set[str]) -> None:
         """Backends publish devices on these GPUs: one that NVML no longer enumerates is looked for by UUID."""
@@ -157,10 +106,7 @@ class HealthWatcher:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(self._wait_ms / 1000 + 5 if timeout is None else timeout)
-        with self._lock:
-            for registry in self._registries:
-                registry.unregister(self._xids)
-            self._registries.clear()
+        self._notices.close()
 
     @property
     def alive(self) -> bool:
@@ -168,42 +114,20 @@ class HealthWatcher:
 
     # -- notices ------------------------------------------------------------------------------------------
 
-    def _emit_locked(self, notice: Notice) -> None:
-        for sub in self._subscribers:
-            with suppress(RuntimeError):  # that event loop is closed: its backend is going away
-                sub.loop.call_soon_threadsafe(sub.deliver, notice)
-
     def _report(self, uuid: str, notice: GpuLost | GpuUnmonitored, permanent: bool = False) -> None:
-        with self._lock:
-            old = self._reported.get(uuid)
-            if old is not None and (isinstance(old.notice, GpuLost) or old.notice == notice):
-                return  # a lost GPU stays lost until it answers again
-            self._reported[uuid] = _Reported(notice, permanent)
-            self._emit_locked(notice)
-        self._log.warning("GPU health not watched" if isinstance(notice, GpuUnmonitored) else "GPU lost",
-                          gpu=uuid, detail=notice.detail)
+        self._notices.report(uuid, notice, permanent)
 
     def _recovered(self, uuid: str, everything: bool) -> None:
         """End what the watcher reported for the GPU, and with `everything` what backends suspect too."""
-        with self._lock:
-            reported = self._reported.pop(uuid, None)
-            suspect = self._suspects.pop(uuid, None) if everything else None
-            if everything:
-                self._history.pop(uuid, None)
-            if reported is None and suspect is None:
-                return
-            self._emit_locked(GpuRecovered(uuid, everything))
-        self._log.info("GPU answers NVML normally again", gpu=uuid)
+        suspected = self._suspects.pop(uuid, None) is not None if everything else False
+        self._notices.recovered(uuid, everything, suspected)
 
     def _sick(self) -> set[str]:
         """GPUs worth probing on the timer: lost, unmonitored for a passing reason, or not answering."""
-        with self._lock:
-            sick = {u for u, r in self._reported.items() if not r.permanent}
-        return sick | {u for u, answers in self._suspects.items() if not answers}
+        return self._notices.passing() | {u for u, answers in self._suspects.items() if not answers}
 
     def _recheck_seconds(self) -> float:
-        with self._lock:
-            return min((s.recheck_seconds for s in self._subscribers), default=30.0)
+        return self._notices.recheck_seconds()
 
     # -- the thread ---------------------------------------------------------------------------------------
 
@@ -298,8 +222,7 @@ class HealthWatcher:
             self._report(gpu.uuid, GpuUnmonitored(gpu.uuid, "it reports no Xid or ECC events"), True)
             return
         self._registered.add(gpu.uuid)
-        with self._lock:
-            reported = self._reported.get(gpu.uuid)
+        reported = self._notices.reported(gpu.uuid)
         if reported is not None:  # it answers again
             self._recovered(gpu.uuid, everything=isinstance(reported.notice, GpuLost))
 
@@ -318,12 +241,9 @@ class HealthWatcher:
         if uuid is None:
             self._log.debug("NVML event for an unknown GPU handle", event_type=event.event_type)
             return
-        if event.event_type & EventType.XID:
-            self._xids.labels(code=str(event.data)).inc()
-        notice = GpuEvent(uuid, event.event_type, event.data, event.gpu_instance, event.compute_instance)
-        with self._lock:
-            self._history.setdefault(uuid, deque(maxlen=_HISTORY)).append(notice)
-            self._emit_locked(notice)
+        xid = event.event_type & EventType.XID
+        self._notices.event(GpuEvent(uuid, event.event_type, event.data, event.gpu_instance, event.compute_instance),
+                            xid=bool(xid))
 
     def _find_lost(self, error: NvmlError) -> None:
         """A wait said a GPU is lost without saying which: probe the registered ones, then wait without them."""
@@ -346,7 +266,7 @@ class HealthWatcher:
             asked, self._asked = self._asked, set()
             suspected, self._suspected = self._suspected, set()
             refresh, self._refresh = self._refresh, False
-            unknown = self._expected - set(self._gpus) - set(self._reported)
+            unknown = self._expected - set(self._gpus) - self._notices.reported_gpus()
         if refresh or unknown:
             self._build()
         for uuid in suspected - set(self._suspects):
@@ -354,7 +274,7 @@ class HealthWatcher:
         by_bus_id = {g.bus_id: u for u, g in self._gpus.items()}
         for ref in asked:
             uuid = by_bus_id.get(ref, ref)
-            if uuid in self._suspects or uuid in self._reported:
+            if uuid in self._suspects or self._notices.reported(uuid) is not None:
                 self._try_recover(uuid)
         self._schedule()
 
@@ -377,8 +297,7 @@ class HealthWatcher:
             return
         self._gpus[uuid] = gpu
         self._by_key[gpu.key] = uuid
-        with self._lock:
-            reported = self._reported.get(uuid)
+        reported = self._notices.reported(uuid)
         if uuid in self._suspects or (reported is not None and isinstance(reported.notice, GpuLost)):
             self._recovered(uuid, everything=True)  # the GPU itself is well again
         if uuid not in self._registered and self._events is not None:
