@@ -54,8 +54,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent.commands import backends_command, discover_command, run_command
-    from agent.node.simulated import check_backends
+    from agent.commands import backends_command, check_command, discover_command, run_command
 
     parser = argparse.ArgumentParser(
         prog="dra-agent",
@@ -79,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "version, DRA driver name and whether each found hardware on this node.",
     )
     backends.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    backends.add_argument("--check", dest="handler", action="store_const", const=check_backends,
+    backends.add_argument("--check", dest="handler", action="store_const", const=check_command,
                           help="run the conformance kit's static checks on each enabled backend (contract, typed "
                                "settings, discovery passes the API server's rules, stable names); exit 1 if one fails")
     backends.set_defaults(handler=backends_command)

@@ -16,7 +16,7 @@ from agent.output import BackendRow, render_backends, render_slices
 from agent.settings import Settings
 from agent.slices.build import pool_slices
 
-__all__ = ["backends_command", "discover_command", "run_command"]
+__all__ = ["backends_command", "check_command", "discover_command", "run_command"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -111,6 +111,13 @@ async def backends_command(settings: Settings, output: str, out: TextIO, err: Te
                                f"failed: {failure.message}"))
     print(render_backends(rows, output), file=out)
     return EXIT_OK
+
+
+async def check_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
+    """Check every enabled backend against the contract and print what each must fix (`backends --check`)."""
+    from agent.backend_check import check_backends  # the checks load the slice and CDI rules: only here
+
+    return await check_backends(settings, output, out, err)
 
 
 async def run_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:

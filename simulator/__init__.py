@@ -3,5 +3,5 @@ sysfs, /dev, kernel, NVIDIA driver and NVML library, udev), a Kubernetes API ser
 allocator with its CEL, the demo, and the conformance kit that plugin authors test their backends with.
 
 The product (`agent`, `backends`, `cdi`) never imports this package; `agent/node/simulated.py` is the one place
-that reaches it, and only when a command asks for a simulated node, the demo or the conformance checks.
+that reaches it, and only when a command asks for a simulated node or the demo.
 """

@@ -1,5 +1,5 @@
-"""The one way from the product to the simulator: a simulated node for `--simulate`, the demo, and the
-conformance kit's checks behind `backends --check`.
+"""The one way from the product to the simulator: a simulated node for `--simulate` (`run`, `discover`,
+`backends`), and the demo.
 
 Nothing else in `agent`, `backends` or `cdi` imports the `simulator` package, and this module imports it only
 inside the function a command calls, so `dra-agent run` on a real node never loads a line of it. The simulator
@@ -12,13 +12,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
 
-if TYPE_CHECKING:
-    from agent.settings import Settings
-
-__all__ = ["SimulatedHost", "SimulatorError", "check_backends", "open_node", "reexec_under_preload", "run_demo",
-           "udev_reaches"]
+__all__ = ["SimulatedHost", "SimulatorError", "open_node", "reexec_under_preload", "run_demo", "udev_reaches"]
 
 
 class SimulatorError(Exception):
@@ -70,16 +65,6 @@ def udev_reaches(root: Path) -> bool:
     except ImportError:
         return False
     return active_for(root)
-
-
-async def check_backends(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
-    """`dra-agent backends --check`: the conformance kit's static checks on every enabled backend."""
-    try:
-        from simulator.conformance.check_command import check_command
-    except ImportError as e:
-        print(f"dra-agent: {_missing(e)}", file=err)
-        return 2
-    return await check_command(settings, output, out, err)
 
 
 def run_demo(profile: str | None, scenarios: Sequence[str], color: bool | None, keep: Path | None) -> int:

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent.backend_rules import inventory_problems, typed
 from agent.claims.records import DeviceRecord
 from agent.logs import get_logger
 from backends.contract import Allocated, BackendContext, ClaimRef, Inventory, Prepared
 from backends.topology import TopologyReader
 from simulator.conformance.loop_watch import LoopWatch
-from simulator.conformance.rules import inventory_problems, typed
 from simulator.conformance.target import Factory, Target
 from simulator.conformance.uevents import KitDeviceEvents
 from simulator.node.node import SimulatedNode

@@ -8,11 +8,11 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
+from agent.backend_rules import health_problems, inventory_problems, name_changes, prepared_problems
 from backends.contract import ClaimRef, Device, DevicesChanged, Inventory, Prepared
 from cdi.spec import ContainerEdits
 from simulator.conformance.bench import NODE, Bench, Instance, checkpointed
 from simulator.conformance.node_state import NodeState, settled_state
-from simulator.conformance.rules import health_problems, inventory_problems, name_changes, prepared_problems
 from simulator.conformance.uevents import pci_uevent
 from simulator.udev.hotplug import UdevInjector
 

@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agent.backend_rules import config_problems
 from backends.config import OpaqueConfig
 from backends.contract import BackendContext, ConfigError
 from backends.topology import TopologyReader
 from simulator.conformance import agent_run, checks
 from simulator.conformance.bench import Bench, CheckFailed
 from simulator.conformance.loop_watch import LoopWatch, Stall
-from simulator.conformance.rules import config_problems
 from simulator.conformance.target import LoadError, Target, source_roots
 from simulator.node.node import SimulatedNode, simulated_node
 from simulator.node.profile import ProfileError

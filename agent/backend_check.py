@@ -1,7 +1,8 @@
-"""`dra-agent backends --check`: the conformance kit's static checks on the installed backends, on this host or a
-simulated node: the entry point loads and the object meets the contract, typed and documented settings and claim
-parameters, start with the configured settings, discover's devices pass the API server's rules, and two discoveries
-agree. Exit status 0 when every enabled backend passes, 1 when one fails, 2 for bad input.
+"""`dra-agent backends --check`: the static checks of the conformance kit (agent/backend_rules.py) on the
+installed backends, on this host or a simulated node: the entry point loads and the object meets the contract,
+typed and documented settings and claim parameters, start with the configured settings, discover's devices pass
+the API server's rules, and two discoveries agree. Exit status 0 when every enabled backend passes, 1 when one
+fails, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from agent.backend_rules import config_problems, inventory_problems, name_changes
 from agent.node.host import HostError, open_host, resolve_node_name
 from agent.node.inventory import Survey, discover_all, stop_all, survey
 from agent.settings import Settings
-from simulator.conformance.rules import config_problems, inventory_problems, name_changes
-from simulator.node.profile import ProfileError
 
-__all__ = ["check_command"]
+__all__ = ["check_backends"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -28,7 +28,7 @@ class _Verdict:
     devices: int | None = None
 
 
-async def check_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
+async def check_backends(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """Check every enabled backend and print what each must fix."""
     try:
         with open_host(settings) as host:
@@ -38,7 +38,7 @@ async def check_command(settings: Settings, output: str, out: TextIO, err: TextI
                 verdicts = await _verdicts(settings, node, found)
             finally:
                 await stop_all(found.started)
-    except (ProfileError, HostError) as e:
+    except HostError as e:
         print(f"dra-agent: {e}", file=err)
         return EXIT_BAD_INPUT
     if not verdicts:

@@ -1,5 +1,6 @@
-"""The kit's pure checks: what a backend returned against what the API server, the kubelet, the CDI loader and
-the core accept. Each problem says what is wrong and what to change."""
+"""Pure checks of what a backend returns against what the API server, the kubelet, the CDI loader and the core
+accept; `dra-agent backends --check` and the conformance kit (simulator/conformance) run them. Each problem
+says what is wrong and what to change."""
 
 from __future__ import annotations
 
