@@ -288,13 +288,5 @@ class Backend(Protocol):
     async def stop(self) -> None:
         """Release everything `start` opened."""
 
-    # Optional: `async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None`. A backend that keeps its
-    # own records of what it made on the hardware may define it; the core calls it once at start, after
-    # replaying its checkpoint, with the claims (UID → device names) that still hold the backend's devices, and
-    # the backend releases whatever it made for anything else.
-    #
-    # Optional: `records_own_changes: bool` (a class attribute). True declares that `prepare` changes nothing on
-    # the node without first recording durably (synced) what it is about to change, and that `reconcile` undoes
-    # those changes for claims the core does not hold. The core then writes its `started` record without waiting
-    # for the disk (it survives any crash of the agent's process, not a power loss, which `reconcile` covers):
-    # one disk sync and one worker-thread hop fewer per prepare. A backend that changes nothing qualifies too.
+    # Optional members (`reconcile`, `records_own_changes`, `config_types`, `config_model`) have protocols of
+    # their own in backends/capabilities.py, which the core checks with isinstance.

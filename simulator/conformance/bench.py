@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from agent.claims.records import DeviceRecord
 from agent.logs import get_logger
+from backends.capabilities import HasConfigTypes, Reconciles
 from backends.contract import Allocated, BackendContext, ClaimRef, Inventory, Prepared
 from backends.topology import TopologyReader
 from simulator.conformance.loop_watch import LoopWatch
@@ -112,7 +113,8 @@ class Instance:
         return pick(self.bench.target, [d.name for d in inventory.devices])
 
     def allocate(self, devices: Sequence[str]) -> list[Allocated]:
-        config = typed(self.bench.target.claim_config, tuple(getattr(self.backend, "config_types", ())))
+        types = tuple(self.backend.config_types) if isinstance(self.backend, HasConfigTypes) else ()
+        config = typed(self.bench.target.claim_config, types)
         return [Allocated(device=d, request="conformance", config=config) for d in devices]
 
     async def prepare(self, claim: ClaimRef, allocated: Sequence[Allocated], phase: str = "prepare") -> list[Prepared]:
@@ -124,9 +126,9 @@ class Instance:
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         """What the core calls after a restart, when the backend defines it."""
-        reconcile = getattr(self.backend, "reconcile", None)
-        if reconcile is not None:
-            await self.call("reconcile", lambda: reconcile(held))
+        backend = self.backend
+        if isinstance(backend, Reconciles):
+            await self.call("reconcile", lambda: backend.reconcile(held))
 
     async def stop(self) -> None:
         self.stopped = True

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
+from backends.capabilities import records_own_changes
 from backends.contract import ClaimRef, Device, DevicesChanged, Inventory, Prepared
 from cdi.spec import ContainerEdits
 from simulator.conformance.bench import NODE, Bench, Instance, checkpointed
@@ -153,7 +154,7 @@ async def interrupted_prepare(bench: Bench) -> list[str]:
                              "unprepare gets only the device names when the core crashed before recording the "
                              "answer: find what was made for the claim from the hardware or a journal in "
                              "ctx.state_dir, and undo it")
-    declared = getattr(restarted.backend, "records_own_changes", False) is True
+    declared = records_own_changes(restarted.backend)
     await restarted.stop()
     if declared:
         problems += await _lost_started_record(bench)

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from agent.kube.names import is_dns_label, is_label_value
 from agent.slices.build import device_body, pool_slices
 from agent.slices.rules import validate_pool, validate_resource_slice
+from backends.capabilities import HasConfigModel, HasConfigTypes
 from backends.config import OpaqueConfig
 from backends.contract import (
     Allocated,
@@ -175,7 +176,7 @@ def config_problems(backend: object) -> list[str]:
     """Whether the backend declares typed, documented settings (`config_model`) and opaque claim parameters
     (`config_types`)."""
     problems: list[str] = []
-    model = getattr(backend, "config_model", None)
+    model = backend.config_model if isinstance(backend, HasConfigModel) else None
     if model is None:
         problems.append("no 'config_model': declare the backend's settings as a pydantic model (subclass "
                         "backends.config.BackendConfig, even with no fields) so bad settings fail at start")
@@ -186,7 +187,7 @@ def config_problems(backend: object) -> list[str]:
             problems.append(f"config_model {model.__name__} accepts unknown keys: set extra='forbid' (subclass "
                             "BackendConfig) so a misspelt setting is an error, not ignored")
         problems += _undocumented(model, "config_model")
-    types = getattr(backend, "config_types", ())
+    types = backend.config_types if isinstance(backend, HasConfigTypes) else ()
     if not isinstance(types, (tuple, list)):
         return [*problems, f"'config_types' is {types!r}; it must be a tuple of OpaqueConfig subclasses"]
     for kind in types:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from backends.capabilities import HasConfigTypes
 from backends.config import OpaqueConfig
 from backends.contract import BackendContext, ConfigError
 from backends.topology import TopologyReader
@@ -121,8 +122,9 @@ class Conformance:
 
     def claim_config_errors(self) -> list[str]:
         plugin, factory = self.target.load()
-        types = [t for t in getattr(self.target.new_backend(factory, plugin.name), "config_types", ())
-                 if isinstance(t, type) and issubclass(t, OpaqueConfig)]
+        backend = self.target.new_backend(factory, plugin.name)
+        declared = backend.config_types if isinstance(backend, HasConfigTypes) else ()
+        types = [t for t in declared if isinstance(t, type) and issubclass(t, OpaqueConfig)]
         with self._node() as (node, work):
             return asyncio.run(_guarded(agent_run.claim_config_errors(self.target, plugin, node, work, types)))
 
