@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from agent.node.host import open_host
 from agent.node.udev import open_udev_monitor
-from backends.base import BuiltinBackend
+from backends.base import BackendBase
 from backends.contract import BackendContext
 from backends.sriov import SriovNicBackend
 from backends.topology import TopologyReader, device_name
@@ -55,7 +55,7 @@ def dangling_links(root: Path) -> list[str]:
             if kind == "link" and not (root / k).parent.joinpath(str(target)).exists()]
 
 
-async def inventory(node: SimulatedNode, backend: BuiltinBackend) -> set[str]:
+async def inventory(node: SimulatedNode, backend: BackendBase) -> set[str]:
     ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {}, structlog.get_logger(),
                          driver_root=node.driver_root)
     await backend.start(ctx)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from acme_fpga.config import AcmeFpgaSettings, FpgaConfig
-from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
+from backends.base import BackendBase, DeviceEventQueue, HealthLedger, pci_events_summary
 from backends.contract import (
     Allocated,
     ClaimRef,
@@ -61,7 +61,7 @@ class _Card:
     nodes: tuple[str, ...]  # below /dev, e.g. ("acme/fpga0",)
 
 
-class AcmeFpgaBackend(BuiltinBackend):
+class AcmeFpgaBackend(BackendBase):
     """ACME FPGA cards, one device each."""
 
     name = "acme-fpga-card"
