@@ -12,12 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from backends.capabilities import HasConfigTypes
-from backends.config import OpaqueConfig
-from backends.contract import BackendContext, ConfigError
-from backends.topology import TopologyReader
+from backends.plugin import ConfigError, HasConfigTypes, OpaqueConfig
 from simulator.conformance import agent_run, checks
-from simulator.conformance.bench import Bench, CheckFailed
+from simulator.conformance.bench import Bench, CheckFailed, backend_context
 from simulator.conformance.loop_watch import LoopWatch, Stall
 from simulator.conformance.rules import config_problems
 from simulator.conformance.target import LoadError, Target, source_roots
@@ -176,11 +173,7 @@ async def _stop_quietly(bench: Bench) -> None:
 
 
 async def _refuses_unknown_settings(backend: Any, node: SimulatedNode) -> list[str]:
-    from agent.logs import get_logger
-
-    ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs),
-                         {"conformanceNoSuchSetting": 1}, get_logger(str(backend.name)),
-                         driver_root=node.driver_root)
+    ctx = backend_context(node, {"conformanceNoSuchSetting": 1}, name=str(backend.name))
     try:
         async with asyncio.timeout(30):
             await backend.start(ctx)
@@ -190,11 +183,11 @@ async def _refuses_unknown_settings(backend: Any, node: SimulatedNode) -> list[s
         return []
     except Exception as e:
         return [f"start() with an unknown setting raised {type(e).__name__}: {e}; raise ConfigError (use "
-                "backends.config.parse_config with your config_model)"]
+                "backends.plugin.parse_config with your config_model)"]
     else:
         await backend.stop()
         return ["start() accepted the unknown setting 'conformanceNoSuchSetting': validate ctx.config against "
-                "config_model (backends.config.parse_config) and raise ConfigError"]
+                "config_model (backends.plugin.parse_config) and raise ConfigError"]
 
 
 def _where(stall: Stall, roots: tuple[Path, ...]) -> tuple[str, int | None]:
