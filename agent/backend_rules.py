@@ -13,14 +13,16 @@ from pydantic import BaseModel
 from agent.kube.names import is_dns_label, is_label_value
 from agent.slices.build import device_body, pool_slices
 from agent.slices.rules import validate_pool, validate_resource_slice
-from backends.config import OpaqueConfig
-from backends.contract import (
+from backends.plugin import (
     Allocated,
     Device,
     DevicesChanged,
+    HasConfigModel,
+    HasConfigTypes,
     Health,
     HealthEvent,
     Inventory,
+    OpaqueConfig,
     Prepared,
     Unserved,
 )
@@ -50,15 +52,15 @@ _NAME_RULES = ("device names are DNS labels (lower-case letters, digits and '-',
 def inventory_problems(inventory: object, driver: str, node: str) -> list[str]:
     """Whether discover()'s result is an Inventory that the API server and the scheduler accept as a pool."""
     if not isinstance(inventory, Inventory):
-        return [f"discover() returned {type(inventory).__name__}; return backends.contract.Inventory"]
+        return [f"discover() returned {type(inventory).__name__}; return backends.plugin.Inventory"]
     problems: list[str] = []
     if not all(isinstance(d, Device) for d in inventory.devices):
-        return ["Inventory.devices holds something other than backends.contract.Device objects"]
+        return ["Inventory.devices holds something other than backends.plugin.Device objects"]
     if not all(isinstance(w, str) for w in inventory.warnings):
         problems.append("Inventory.warnings must hold strings (messages for the operator)")
     if not all(isinstance(u, Unserved) and u.reason and all(isinstance(d, str) for d in u.devices)
                for u in inventory.unserved):
-        problems.append("Inventory.unserved must hold backends.contract.Unserved objects with a reason and the "
+        problems.append("Inventory.unserved must hold backends.plugin.Unserved objects with a reason and the "
                         "devices named as strings")
     seen: set[str] = set()
     for device in inventory.devices:
@@ -125,7 +127,7 @@ def health_problems(events: Iterable[object], known: set[str]) -> list[str]:
             problems.append(f"{where}: device {event.device!r} was never published by discover(); health events "
                             "name published devices")
         if not isinstance(event.health, Health):
-            problems.append(f"{where}: health must be a backends.contract.Health member")
+            problems.append(f"{where}: health must be a backends.plugin.Health member")
         if not isinstance(event.reason, str) or not event.reason:
             problems.append(f"{where}: give a reason an operator understands; the kubelet shows it")
         elif len(event.reason) > MAX_HEALTH_MESSAGE:
@@ -144,7 +146,7 @@ def prepared_problems(allocated: Sequence[Allocated], prepared: object, claim_ui
     """Whether prepare()'s answer has one Prepared per device, CDI edits the container runtime loads, and restore
     records the checkpoint can keep."""
     if not isinstance(prepared, Sequence) or not all(isinstance(p, Prepared) for p in prepared):
-        return [f"prepare() returned {prepared!r}; return a list with one backends.contract.Prepared per device"]
+        return [f"prepare() returned {prepared!r}; return a list with one backends.plugin.Prepared per device"]
     problems: list[str] = []
     wanted, got = sorted(a.device for a in allocated), sorted(p.device for p in prepared)
     if wanted != got:
@@ -155,7 +157,7 @@ def prepared_problems(allocated: Sequence[Allocated], prepared: object, claim_ui
     for p in prepared:
         if not isinstance(p.edits, ContainerEdits) or not (p.common_edits is None or
                                                            isinstance(p.common_edits, ContainerEdits)):
-            problems.append(f"{p.device}: edits and common_edits must be cdi.spec.ContainerEdits")
+            problems.append(f"{p.device}: edits and common_edits must be backends.plugin.ContainerEdits")
             continue
         devices.append(CdiDevice(f"{p.device}-{claim_uid[:8]}", p.edits))
         if p.common_edits is not None:
@@ -176,10 +178,10 @@ def config_problems(backend: object) -> list[str]:
     """Whether the backend declares typed, documented settings (`config_model`) and opaque claim parameters
     (`config_types`)."""
     problems: list[str] = []
-    model = getattr(backend, "config_model", None)
+    model = backend.config_model if isinstance(backend, HasConfigModel) else None
     if model is None:
         problems.append("no 'config_model': declare the backend's settings as a pydantic model (subclass "
-                        "backends.config.BackendConfig, even with no fields) so bad settings fail at start")
+                        "backends.plugin.BackendConfig, even with no fields) so bad settings fail at start")
     elif not (isinstance(model, type) and issubclass(model, BaseModel)):
         problems.append(f"'config_model' is {model!r}; it must be a pydantic model class")
     else:
@@ -187,12 +189,12 @@ def config_problems(backend: object) -> list[str]:
             problems.append(f"config_model {model.__name__} accepts unknown keys: set extra='forbid' (subclass "
                             "BackendConfig) so a misspelt setting is an error, not ignored")
         problems += _undocumented(model, "config_model")
-    types = getattr(backend, "config_types", ())
+    types = backend.config_types if isinstance(backend, HasConfigTypes) else ()
     if not isinstance(types, (tuple, list)):
         return [*problems, f"'config_types' is {types!r}; it must be a tuple of OpaqueConfig subclasses"]
     for kind in types:
         if not (isinstance(kind, type) and issubclass(kind, OpaqueConfig)):
-            problems.append(f"config_types holds {kind!r}; each entry must subclass backends.config.OpaqueConfig")
+            problems.append(f"config_types holds {kind!r}; each entry must subclass backends.plugin.OpaqueConfig")
             continue
         if not getattr(kind, "API_VERSION", None) or not getattr(kind, "KIND", None):
             problems.append(f"{kind.__name__}: set the class variables API_VERSION and KIND")

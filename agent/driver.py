@@ -39,6 +39,7 @@ from agent.settings import Settings
 from agent.slices.build import pool_slices
 from agent.slices.publisher import Features, Publisher
 from agent.slices.taints import TaintPolicy, device_taints
+from backends.capabilities import HasConfigTypes
 from backends.contract import DevicesChanged, Health, HealthEvent
 from cdi.store import SpecStore
 
@@ -293,7 +294,7 @@ class Driver:
         owners: dict[str, Owner] = {}
         for report in sorted(self._reports.values(), key=lambda r: r.name):
             backend = report.plugin.backend
-            types = tuple(getattr(backend, "config_types", ()))
+            types = tuple(backend.config_types) if isinstance(backend, HasConfigTypes) else ()
             for device in report.inventory.devices if report.inventory else ():
                 owners.setdefault(device.name, Owner(report.name, backend, types))
         self._owners.clear()

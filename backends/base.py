@@ -1,5 +1,5 @@
-"""Plumbing shared by the built-in backends: the context, typed configuration, the stop signal, and udev events
-queued for a health() generator."""
+"""Plumbing a backend may share, built-in or third-party: the context, typed configuration, the stop signal, and
+udev events queued for a health() generator."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ from backends.contract import (
 if TYPE_CHECKING:
     import pyudev
 
-__all__ = ["BuiltinBackend", "DeviceEventQueue", "HealthLedger", "pci_events_summary"]
+__all__ = ["BackendBase", "DeviceEventQueue", "HealthLedger", "pci_events_summary"]
 
 
-class BuiltinBackend:
-    """Base of the built-in backends; third-party backends may use it or implement the protocol directly."""
+class BackendBase:
+    """The plumbing of a backend: it keeps the context (`ctx`, from `start`), validates the settings against
+    `config_model` (a ConfigError names the field), and owns the stop signal (`_stopped`) its `health()` ends on.
+    Its `health()` stays silent until stop, and `prepare` refuses, for backends that have nothing to say or
+    prepare. The built-in backends subclass it; a third-party backend may too, or implement the protocol
+    directly."""
 
     name: ClassVar[str]
     driver: ClassVar[str]

@@ -2,24 +2,26 @@
 
 A backend owns some physical devices of the node. The core starts it with a `BackendContext`, asks it for an
 `Inventory`, and later asks it to prepare and unprepare devices for claims and listens to its health events.
-Backends never talk to Kubernetes or gRPC; they speak only in the types defined here.
+Backends never talk to Kubernetes or gRPC; they speak only in the types defined here (attribute values come from
+`backends.attributes`, PCI topology from `backends.topology`; both sit below this module).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
+from backends.attributes import AttributeValue, Version, is_semver
+from backends.topology import PciTopology, TopologyReader
+
 if TYPE_CHECKING:
     import pyudev
     from prometheus_client import CollectorRegistry
     from structlog.typing import FilteringBoundLogger
 
-    from backends.topology import PciTopology, TopologyReader
     from cdi.spec import ContainerEdits
 
 __all__ = [
@@ -48,44 +50,6 @@ __all__ = [
 ]
 
 DeviceName = NewType("DeviceName", str)
-
-# Strict semantic versioning 2.0.0, the only form the API server accepts for version attributes.
-_SEMVER = re.compile(
-    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
-    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
-)
-
-
-def is_semver(text: str) -> bool:
-    """Whether `text` is strict semantic versioning 2.0.0 (MAJOR.MINOR.PATCH[-pre][+build])."""
-    return _SEMVER.fullmatch(text) is not None
-
-
-@dataclass(frozen=True, order=True)
-class Version:
-    """A version attribute value; always valid strict semver."""
-
-    text: str
-
-    def __post_init__(self) -> None:
-        if len(self.text) > 64 or not is_semver(self.text):
-            raise ValueError(f"{self.text!r} is not a strict semantic version (MAJOR.MINOR.PATCH)")
-
-    @classmethod
-    def lenient(cls, raw: str) -> Version:
-        """Turn a vendor version such as '580.95.05' or '12.4' into semver ('580.95.5', '12.4.0')."""
-        parts = raw.strip().split(".")
-        if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"cannot read {raw!r} as a version")
-        numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
-        return cls(".".join(numbers))
-
-    def __str__(self) -> str:
-        return self.text
-
-
-AttributeValue = bool | int | str | Version
 
 
 @dataclass(frozen=True)
@@ -324,13 +288,5 @@ class Backend(Protocol):
     async def stop(self) -> None:
         """Release everything `start` opened."""
 
-    # Optional: `async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None`. A backend that keeps its
-    # own records of what it made on the hardware may define it; the core calls it once at start, after
-    # replaying its checkpoint, with the claims (UID → device names) that still hold the backend's devices, and
-    # the backend releases whatever it made for anything else.
-    #
-    # Optional: `records_own_changes: bool` (a class attribute). True declares that `prepare` changes nothing on
-    # the node without first recording durably (synced) what it is about to change, and that `reconcile` undoes
-    # those changes for claims the core does not hold. The core then writes its `started` record without waiting
-    # for the disk (it survives any crash of the agent's process, not a power loss, which `reconcile` covers):
-    # one disk sync and one worker-thread hop fewer per prepare. A backend that changes nothing qualifies too.
+    # Optional members (`reconcile`, `records_own_changes`, `config_types`, `config_model`) have protocols of
+    # their own in backends/capabilities.py, which the core checks with isinstance.

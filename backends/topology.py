@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from backends.contract import AttributeValue
+from backends.attributes import AttributeValue
 from backends.sysfs import SysfsError, read_hex, read_int, read_link_name
 
 __all__ = [

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
+from backends.base import BackendBase, DeviceEventQueue, HealthLedger, pci_events_summary
 from backends.contract import (
     Allocated,
     ClaimRef,
@@ -51,7 +51,7 @@ class _Chip:
     iommu_group: int | None
 
 
-class TpuBackend(BuiltinBackend):
+class TpuBackend(BackendBase):
     """TPU chips, one device each."""
 
     name = "tpu"

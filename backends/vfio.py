@@ -22,7 +22,7 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
-from backends.base import BuiltinBackend
+from backends.base import BackendBase
 from backends.config import CONFIG_API_VERSION, OpaqueConfig
 from backends.contract import Allocated, BackendContext, Prepared, PrepareError
 from backends.failpoints import failpoint
@@ -290,7 +290,7 @@ class Passthrough:
                     self._journal.remove(f"{claim}/{device}")
 
 
-class PassthroughBackend(BuiltinBackend):
+class PassthroughBackend(BackendBase):
     """Base of the backends whose devices can be passed through: their `Passthrough`, made on first use (its
     journal is read then), and closed when the backend stops."""
 

@@ -24,6 +24,7 @@ from tests.allocation_env import (
     held_by,
     resource_slice,
 )
+from tests.mig_env import dgx_h100_in_mig_mode
 
 ROOT_ATTR = "resource.kubernetes.io/pcieRoot"
 MIG_DYNAMIC = {"nvidia-mig": {"mode": "dynamic"}}
@@ -127,8 +128,6 @@ def mig_claim(name: str, profile: str, gpu_index: int = 0) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def mig_slices(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    from tests.test_mig import dgx_h100_in_mig_mode  # the dgx-h100 profile with every GPU in MIG mode
-
     return discovered(str(dgx_h100_in_mig_mode(Path(tmp_path_factory.mktemp("mig")))), MIG_DYNAMIC)
 
 
@@ -544,8 +543,6 @@ def test_allocations_are_valid_and_found_whenever_one_exists(
 
 
 def test_mig_example_gets_an_existing_1g_device(tmp_path: Path) -> None:
-    from tests.test_mig import dgx_h100_in_mig_mode
-
     # Static MIG: the two GPUs of the first root complex each have a 1g.10gb device at placement 3.
     slices = discovered(str(dgx_h100_in_mig_mode(tmp_path, {0: [{"profile": "1g.10gb", "start": 3}]})))
     held = []

@@ -1,5 +1,7 @@
 """Import layering, read from the source: the product (agent → backends → cdi) never reaches the simulator; the
-parts of `agent` import each other only downwards; one module per outside library where the design says so.
+parts of `agent` import each other only downwards; one module per outside library where the design says so; a
+backend plugin and the conformance kit see the backends through `backends.plugin` only; no module imports itself
+through a circle; no test module imports another.
 
 The rules are the ones docs/architecture.md draws. Each test names the files that break a rule.
 """
@@ -7,11 +9,17 @@ The rules are the ones docs/architecture.md draws. Each test names the files tha
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("agent", "backends", "cdi")
 PACKAGES = (*PRODUCT, "simulator")
+
+# The one module a backend plugin imports from the project (its tests add the conformance kit).
+PLUGIN_SURFACE = "backends.plugin"
+EXAMPLE_PLUGIN = ROOT / "examples" / "acme-fpga"
+KIT = "simulator/conformance/"
 
 # The one module of the product that may reach the simulator, and only inside the functions a command calls.
 SEAM = "agent/node/simulated.py"
@@ -38,6 +46,16 @@ def _modules(node: ast.AST) -> set[str]:
     return set()
 
 
+def file_imports(path: Path, *, top_level_only: bool = False) -> set[str]:
+    """Modules one file imports (with `top_level_only`, only the imports that run when the file is imported)."""
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    names: set[str] = set()
+    for node in nodes:
+        names |= _modules(node)  # with top_level_only, `if TYPE_CHECKING:` imports (never run) are skipped
+    return names
+
+
 def imports(*, top_level_only: bool = False) -> dict[str, set[str]]:
     """Modules imported by each source file of the project's packages (with `top_level_only`, only the imports
     that run when the file is imported, not those inside functions)."""
@@ -46,12 +64,7 @@ def imports(*, top_level_only: bool = False) -> dict[str, set[str]]:
         for path in (ROOT / package).rglob("*.py"):
             if "_proto" in path.parts:
                 continue  # generated code
-            tree = ast.parse(path.read_text(), str(path))
-            nodes = tree.body if top_level_only else list(ast.walk(tree))
-            names: set[str] = set()
-            for node in nodes:
-                names |= _modules(node)  # with top_level_only, `if TYPE_CHECKING:` imports (never run) are skipped
-            found[str(path.relative_to(ROOT))] = names
+            found[str(path.relative_to(ROOT))] = file_imports(path, top_level_only=top_level_only)
     return found
 
 
@@ -113,3 +126,115 @@ def test_only_the_nvml_modules_import_pynvml() -> None:
 
 def test_at_most_one_module_talks_to_the_api_server() -> None:
     assert product(importers("kubernetes")) <= {"agent/kube/client.py"}
+
+
+def test_backends_are_seen_through_the_plugin_module_by_plugins_and_the_kit() -> None:
+    """The example plugin imports from the project only `backends.plugin` (its tests add `simulator.conformance`);
+    the conformance kit reaches the backends only through `backends.plugin` too (the agent and the CDI rules it
+    runs a backend against are its to import)."""
+    broken = []
+    for path in sorted(EXAMPLE_PLUGIN.rglob("*.py")):
+        allowed = {PLUGIN_SURFACE}
+        if "tests" in path.relative_to(EXAMPLE_PLUGIN).parts:
+            allowed.add("simulator.conformance")
+        wrong = {n for n in file_imports(path)
+                 if n.split(".")[0] in PACKAGES and not any(_names({n}, a) for a in allowed)}
+        broken += [f"{path.relative_to(ROOT)} imports {name}" for name in _outermost(wrong)]
+    for file, names in imports().items():
+        if file.startswith(KIT):
+            wrong = {n for n in names if _names({n}, "backends") and not _names({n}, PLUGIN_SURFACE)}
+            broken += [f"{file} imports {name}" for name in _outermost(wrong)]
+    assert not broken, "import what a plugin uses from backends.plugin:\n" + "\n".join(broken)
+
+
+def _outermost(names: set[str]) -> list[str]:
+    """The names without those below another of them (`backends.base`, not also `backends.base.BackendBase`)."""
+    return sorted(n for n in names if not any(n.startswith(other + ".") for other in names))
+
+
+def _module_name(file: str) -> str:
+    parts = file.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circles() -> None:
+    """No module reaches itself through the modules it imports, counting every import: inside functions and
+    under TYPE_CHECKING too (a circle of types is still one to untangle before moving either module). The one
+    exception is the seam: `agent/node/simulated.py` calls into the simulator, inside functions, by design."""
+    found = imports()
+    modules = {_module_name(f) for f in found}
+    graph: dict[str, set[str]] = {}
+    for file, names in found.items():
+        module = _module_name(file)
+        # A module's parent packages are imported before it anyway: an edge to one of them is no circle of ours.
+        edges = {n for n in names if n in modules and n != module and not module.startswith(n + ".")}
+        if file == SEAM:
+            edges = {n for n in edges if not _names({n}, "simulator")}
+        graph[module] = edges
+    circles = _circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(" ↔ ".join(c) for c in circles)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def _test_modules_named(node: ast.AST) -> set[str]:
+    """The `tests.test_*` modules an import statement names, relative imports (`from .test_x import`) included."""
+    named: set[str] = set()
+    if isinstance(node, ast.Import):
+        named = {alias.name for alias in node.names}
+    elif isinstance(node, ast.ImportFrom):
+        base = ".".join(filter(None, ("tests" if node.level else "", node.module)))
+        named = {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return {".".join(n.split(".")[:2]) for n in named if re.fullmatch(r"tests\.test_\w+(\..+)?", n)}
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in helper modules (tests/*_env.py and the like) or conftest fixtures: importing a
+    test module runs its module-level code and mixes its tests' fixtures into the importer's."""
+    broken = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        named = {name for node in ast.walk(tree) for name in _test_modules_named(node)}
+        broken += [f"{path.relative_to(ROOT)} imports {name}" for name in sorted(named)]
+    assert not broken, "move what they share into a helper module:\n" + "\n".join(broken)

@@ -32,20 +32,12 @@ from backends.topology import TopologyReader
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import KubeletError, Plugin
 from simulator.node.node import SimulatedNode, mig_minor
-from simulator.node.variants import in_mig_mode
 from tests.agent_env import agent_in_process, allocate, lose_claims, plugin_after_restart, two_agents
+from tests.mig_env import DYNAMIC, dgx_h100_in_mig_mode
 from tests.slice_checks import assert_valid_slices
 from tests.surge_env import made_on_node
 
 GPU = "gpu.nvidia.com"
-DYNAMIC = {"nvidia-mig": {"mode": "dynamic"}}
-
-
-def dgx_h100_in_mig_mode(folder: Path, made: dict[int, list[dict[str, Any]]] | None = None) -> Path:
-    """The dgx-h100 profile with every GPU in MIG mode: no MIG device yet, or those `made` by an operator (by the
-    position of the GPU entry in the profile)."""
-    return in_mig_mode("dgx-h100", folder, made)
-
 
 @pytest.fixture
 def h100_profiles(sim_node: Callable[[str], SimulatedNode], tmp_path: Path) -> list[GiProfile]:

@@ -27,7 +27,7 @@ from tests.agent_env import (
     simulated_nvml,
     two_agents,
 )
-from tests.test_mig import DYNAMIC, dgx_h100_in_mig_mode
+from tests.mig_env import DYNAMIC, dgx_h100_in_mig_mode
 
 GPU = "gpu.nvidia.com"
 WHOLE, BUS_ID = "gpu-0000-18-00-0", "0000:18:00.0"

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -141,6 +141,53 @@ def test_contract_check_accepts_builtins() -> None:
     loaded, _ = load_plugins(found, BUILTINS)
     for plugin in loaded:
         assert check_backend(plugin.backend, plugin.found.name) == []
+
+
+class AnswersEverything:
+    """An object that has every attribute one asks for."""
+
+    def __getattr__(self, name: str) -> object:
+        return "fpga.acme.example"
+
+
+class DeclaredOtherwise:
+    """Meets the contract with a property, a static and a class method, and a method set on the instance."""
+
+    driver = "fpga.acme.example"
+
+    def __init__(self) -> None:
+        async def prepare(claim: object, devices: object) -> list[object]:
+            return []
+
+        self.prepare = prepare
+
+    @property
+    def name(self) -> str:
+        return "acme-fpga"
+
+    @staticmethod
+    async def start(ctx: object) -> None:
+        return None
+
+    @classmethod
+    async def discover(cls) -> None:
+        return None
+
+    async def unprepare(self, claim: object, prepared: object) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def health(self) -> AsyncIterator[object]:
+        yield None
+
+
+def test_contract_check_reads_what_the_class_declares() -> None:
+    problems = check_backend(AnswersEverything(), "acme-fpga")
+    assert "attribute 'name' is None, expected the entry-point name 'acme-fpga'" in problems
+    assert "'start' must be an async method" in problems, "a __getattr__ answering every name is no backend"
+    assert check_backend(DeclaredOtherwise(), "acme-fpga") == []
 
 
 def test_third_party_backend_is_listed(run_cli: Callable[..., CliResult], third_party: Path) -> None:

@@ -14,7 +14,7 @@ from backends.sriov import SriovNicBackend
 from backends.topology import device_name
 from simulator.node.layout import PciFunction, plan_vf, vf_netdev
 from simulator.node.node import SimulatedNode
-from tests.test_udev_events import Tree, dangling_links, inventory, tree
+from tests.node_tree_env import Tree, dangling_links, inventory, tree
 
 
 def write(path: Path, text: str) -> None:

@@ -341,7 +341,7 @@ def test_the_cli_injects_into_a_node_served_by_another_process(sim_node: Callabl
         _, event_set = _watch(1)
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "simulator.nvml.events", "--sim-root",
+            return subprocess.run([sys.executable, "-m", "simulator.nvml.control", "--sim-root",
                                    str(node.root), *args], capture_output=True, text=True, timeout=30)
 
         gpu = node.nvml.gpus[1]

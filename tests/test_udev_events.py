@@ -13,58 +13,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from agent.node.host import open_host
 from agent.node.udev import open_udev_monitor
-from backends.base import BuiltinBackend
-from backends.contract import BackendContext
 from backends.sriov import SriovNicBackend
-from backends.topology import TopologyReader, device_name
+from backends.topology import device_name
 from backends.tpu import TpuBackend
 from simulator.node.node import SimulatedNode
 from simulator.udev import preload as udev_preload
 from simulator.udev.delivery import Uevent
 from simulator.udev.hotplug import InjectionError, UdevInjector, main
 from tests.agent_env import settings_for
+from tests.node_tree_env import dangling_links, inventory, tree
 from tests.udev_env import preload_env
-
-Tree = dict[str, tuple[str, str | bytes]]
-
-
-def tree(root: Path) -> Tree:
-    """Every file (with its content), link (with its target) and folder of the node's sysfs and /dev."""
-    found: Tree = {}
-    for top in ("sys", "dev"):
-        for folder, subdirs, files in os.walk(root / top):
-            for name in subdirs + files:
-                path = os.path.join(folder, name)
-                key = os.path.relpath(path, root)
-                if os.path.islink(path):
-                    found[key] = ("link", os.readlink(path))
-                elif os.path.isdir(path):
-                    found[key] = ("dir", "")
-                else:
-                    found[key] = ("file", Path(path).read_bytes())
-    return found
-
-
-def dangling_links(root: Path) -> list[str]:
-    return [k for k, (kind, target) in tree(root).items()
-            if kind == "link" and not (root / k).parent.joinpath(str(target)).exists()]
-
-
-async def inventory(node: SimulatedNode, backend: BuiltinBackend) -> set[str]:
-    ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {}, structlog.get_logger(),
-                         driver_root=node.driver_root)
-    await backend.start(ctx)
-    try:
-        found = await backend.discover()
-        assert not found.warnings, found.warnings
-        return {d.name for d in found.devices}
-    finally:
-        await backend.stop()
 
 
 async def test_pci_remove_takes_a_pf_with_its_vfs_and_add_restores_it(

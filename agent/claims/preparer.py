@@ -23,6 +23,7 @@ from agent.claims.plan import Owner, Plan, one_per_uid, plan_claim
 from agent.claims.read import ClaimError, check_reference, read_allocation
 from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.claims.results import ClaimResult, PreparedDeviceResult
+from backends.capabilities import records_own_changes
 from backends.contract import Allocated, BackendError, ClaimRef, Prepared
 from backends.failpoints import failpoint
 
@@ -180,7 +181,7 @@ class Preparer:
         """Record `started` before any backend runs: synced, unless every backend of the claim keeps durable
         records of its own changes (`records_own_changes`); then the record need only survive a crash of this
         process, and is written from the loop itself when the journal is idle (no worker thread, no disk wait)."""
-        if all(getattr(owner.backend, "records_own_changes", False) is True for owner, _ in plan.per_backend.values()):
+        if all(records_own_changes(owner.backend) for owner, _ in plan.per_backend.values()):
             started = self.checkpoint.start_unsynced_now(ref.uid, ref.namespace, ref.name, pairs, plan.admin)
             if started is not None:
                 return started

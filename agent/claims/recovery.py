@@ -26,6 +26,7 @@ from contextlib import AsyncExitStack
 from agent.claims.cdi import cdi_device_id
 from agent.claims.preparer import Preparer
 from agent.claims.records import ClaimRecord, DeviceRecord
+from backends.capabilities import Reconciles
 from cdi.spec import CdiSpecError, Spec
 
 __all__ = ["records_from_spec", "recover"]
@@ -118,8 +119,7 @@ async def _reconcile(preparer: Preparer) -> None:
     releases what no claim holds (made for a claim whose record is gone)."""
     claims = preparer.checkpoint.claims.values()
     for name, backend in preparer.backends.items():
-        reconcile = getattr(backend, "reconcile", None)
-        if reconcile is None:
+        if not isinstance(backend, Reconciles):
             continue
         held: dict[str, Sequence[str]] = {}
         for claim in claims:
@@ -127,7 +127,7 @@ async def _reconcile(preparer: Preparer) -> None:
             if devices:
                 held[claim.uid] = devices
         try:
-            await reconcile(held)
+            await backend.reconcile(held)
         except Exception as e:  # a backend's bug must not keep the driver from serving
             preparer.log.error("backend reconcile failed", backend=name, error=f"{type(e).__name__}: {e}",
                                exc_info=True)

@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Collection
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any, cast
 
 from agent.kube.names import is_driver_name
 from backends.contract import Backend
@@ -20,9 +21,21 @@ __all__ = ["GROUP", "FoundPlugin", "LoadedPlugin", "PluginFailure", "check_backe
 GROUP = "dra_agent.backends"
 _OWN = "dra-agent"
 
+_ABSENT = object()
 
-# Coroutine methods of the contract and the positional arguments each takes after self.
-_ASYNC_METHODS = {"start": 1, "discover": 0, "prepare": 2, "unprepare": 2, "stop": 0}
+
+def _contract_methods() -> dict[str, tuple[bool, int]]:
+    """The methods of the `Backend` protocol, read from the protocol itself: whether each is a coroutine method,
+    and the positional arguments it takes after self. Coroutine methods first, as the check reports them."""
+    methods = {
+        member: (inspect.iscoroutinefunction(fn), len(inspect.signature(fn).parameters) - 1)
+        for member, fn in vars(Backend).items()
+        if inspect.isfunction(fn) and not member.startswith("_")
+    }
+    return dict(sorted(methods.items(), key=lambda item: not item[1][0]))
+
+
+_METHODS = _contract_methods()
 
 
 @dataclass(frozen=True)
@@ -108,27 +121,57 @@ def load_plugins(
 
 
 def check_backend(backend: object, entry_point_name: str) -> list[str]:
-    """What a backend object lacks to meet the contract (empty when it meets it)."""
+    """What a backend object lacks to meet the `Backend` protocol (empty when it meets it, and then
+    `isinstance(backend, Backend)` holds).
+
+    Member by member, so that a plugin's author reads what to fix rather than "not a Backend": the attributes
+    with the values the agent relies on, then each method of the protocol, async where the protocol's is, taking
+    the positional arguments the protocol's takes.
+    """
     problems: list[str] = []
-    name = getattr(backend, "name", None)
+    name = _member(backend, "name")
     if name != entry_point_name:
-        problems.append(f"attribute 'name' is {name!r}, expected the entry-point name {entry_point_name!r}")
-    driver = getattr(backend, "driver", None)
+        shown = None if name is _ABSENT else name
+        problems.append(f"attribute 'name' is {shown!r}, expected the entry-point name {entry_point_name!r}")
+    driver = _member(backend, "driver")
     if not isinstance(driver, str) or not is_driver_name(driver) or driver != driver.lower():
-        problems.append(f"attribute 'driver' is {driver!r}, expected a DRA driver name "
+        shown = None if driver is _ABSENT else driver
+        problems.append(f"attribute 'driver' is {shown!r}, expected a DRA driver name "
                         "(lower-case DNS subdomain of at most 63 characters)")
-    for method, arity in _ASYNC_METHODS.items():
-        fn = getattr(backend, method, None)
-        if fn is None or not inspect.iscoroutinefunction(fn):
-            problems.append(f"'{method}' must be an async method")
+    for method, (is_async, arity) in _METHODS.items():
+        fn = _member(backend, method)
+        if is_async:
+            if not inspect.iscoroutinefunction(fn):
+                problems.append(f"'{method}' must be an async method")
+            elif not _accepts(fn, arity):
+                problems.append(f"'{method}' must accept {arity} positional argument(s)")
+        elif not callable(fn) or inspect.iscoroutinefunction(fn):
+            # health() is the one such method: an async generator is what a backend writes for it.
+            problems.append(f"'{method}' must be a method returning an async iterator (e.g. an async generator)")
         elif not _accepts(fn, arity):
-            problems.append(f"'{method}' must accept {arity} positional argument(s)")
-    health = getattr(backend, "health", None)
-    if health is None or not callable(health) or inspect.iscoroutinefunction(health):
-        problems.append("'health' must be a method returning an async iterator (e.g. an async generator)")
-    elif not _accepts(health, 0):
-        problems.append("'health' must take no arguments")
+            problems.append(f"'{method}' must take no arguments" if arity == 0
+                            else f"'{method}' must accept {arity} positional argument(s)")
+    if not problems and not isinstance(backend, Backend):
+        problems.append("it does not match the Backend protocol of backends.plugin")  # a member not checked above
     return problems
+
+
+def _member(backend: object, member: str) -> object:
+    """`backend.<member>` as a call would find it, or _ABSENT. Looked up statically (never through the object's
+    own `__getattr__`, as `isinstance` with a runtime protocol looks from Python 3.12 on), so that an object that
+    answers every name is not taken for a backend; a method or property found on the class comes back bound."""
+    try:
+        found = inspect.getattr_static(backend, member)
+    except AttributeError:
+        return _ABSENT
+    on_class = inspect.getattr_static(type(backend), member, _ABSENT) is found
+    if on_class and (inspect.isfunction(found) or inspect.ismethoddescriptor(found)
+                     or inspect.isdatadescriptor(found)):
+        try:
+            return cast(Any, found).__get__(backend, type(backend))
+        except AttributeError:  # a property that has nothing to give
+            return _ABSENT
+    return found
 
 
 def _accepts(fn: object, arity: int) -> bool:

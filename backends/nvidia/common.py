@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from structlog.typing import FilteringBoundLogger
 
-from backends.base import BuiltinBackend
+from backends.base import BackendBase
 from backends.contract import (
     Allocated,
     AttributeValue,
@@ -52,7 +52,7 @@ _FIRST_RETRY = 1.0
 Reader = Callable[[SystemInfo, list[GpuInfo], list[GpuProblem]], Inventory]
 
 
-class NvidiaBackend(BuiltinBackend):
+class NvidiaBackend(BackendBase):
     """Base of nvidia-gpu and nvidia-mig: typed health settings and a health stream over the shared watcher.
 
     Subclasses call `watch(devices)` after each discovery with what every published device is in NVML terms.

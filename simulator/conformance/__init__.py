@@ -7,6 +7,9 @@ against the test API server and the kubelet simulator. See docs/plugin-guide.md.
         backend = "my-backend"
         profile = "my-node.yaml"
 
+For a plugin's own tests it also offers the simulated node (`simulated_node`, `SimulatedNode`), udev events
+injected into it (`UdevInjector`) and the context a backend starts with there (`backend_context`).
+
 The names are imported on first use, so the pytest plugin (`simulator.conformance.plugin`) stays cheap.
 """
 
@@ -16,15 +19,32 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from simulator.conformance.bench import backend_context
     from simulator.conformance.runner import CHECKS, Conformance
     from simulator.conformance.suite import BackendSuite
     from simulator.conformance.target import BadClaimConfig, LoadError, Target
+    from simulator.node.node import SimulatedNode, simulated_node
+    from simulator.udev.hotplug import UdevInjector
 
-__all__ = ["CHECKS", "BackendSuite", "BadClaimConfig", "Conformance", "LoadError", "Target"]
+__all__ = [
+    "CHECKS",
+    "BackendSuite",
+    "BadClaimConfig",
+    "Conformance",
+    "LoadError",
+    "SimulatedNode",
+    "Target",
+    "UdevInjector",
+    "backend_context",
+    "simulated_node",
+]
 
 _HOMES = {
-    "CHECKS": "runner", "Conformance": "runner", "BackendSuite": "suite", "BadClaimConfig": "target",
-    "LoadError": "target", "Target": "target",
+    "CHECKS": "simulator.conformance.runner", "Conformance": "simulator.conformance.runner",
+    "BackendSuite": "simulator.conformance.suite", "BadClaimConfig": "simulator.conformance.target",
+    "LoadError": "simulator.conformance.target", "Target": "simulator.conformance.target",
+    "backend_context": "simulator.conformance.bench", "SimulatedNode": "simulator.node.node",
+    "simulated_node": "simulator.node.node", "UdevInjector": "simulator.udev.hotplug",
 }
 
 
@@ -32,4 +52,4 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    return getattr(importlib.import_module(home), name)

@@ -19,7 +19,7 @@ from unittest import mock
 from agent.node.host import Host
 from agent.node.plugins import FoundPlugin
 from agent.settings import Settings
-from backends.contract import ClaimRef
+from backends.plugin import ClaimRef
 from simulator.apiserver.server import TestApiServer
 from simulator.conformance.bench import NODE, CheckFailed, pick
 from simulator.conformance.node_state import settled_state

@@ -15,19 +15,40 @@ from typing import Any, TypeVar
 from agent.backend_rules import inventory_problems, typed
 from agent.claims.records import DeviceRecord
 from agent.logs import get_logger
-from backends.contract import Allocated, BackendContext, ClaimRef, Inventory, Prepared
-from backends.topology import TopologyReader
+from backends.plugin import (
+    Allocated,
+    BackendContext,
+    ClaimRef,
+    DeviceEvents,
+    HasConfigTypes,
+    Inventory,
+    Prepared,
+    Reconciles,
+    TopologyReader,
+)
 from simulator.conformance.loop_watch import LoopWatch
 from simulator.conformance.target import Factory, Target
 from simulator.conformance.uevents import KitDeviceEvents
 from simulator.node.node import SimulatedNode
 
-__all__ = ["NODE", "Bench", "CheckFailed", "Instance", "checkpointed", "pick"]
+__all__ = ["NODE", "Bench", "CheckFailed", "Instance", "backend_context", "checkpointed", "pick"]
 
 T = TypeVar("T")
 NODE = "conformance-node"
 CALL_SECONDS = 30.0
 """How long one backend call may take before the check fails."""
+
+
+def backend_context(node: SimulatedNode, config: Mapping[str, Any] | None = None, *, name: str = "backend",
+                    state_dir: Path | None = None, udev: DeviceEvents | None = None) -> BackendContext:
+    """The context a backend is started with on a simulated node, as `dra-agent run` would give it there: the
+    node's sysfs, /dev, host and driver roots, a topology reader, `config` (the backend's settings), a logger
+    named `name`, and, when given, a state directory and a udev source."""
+    return BackendContext(
+        sysfs_root=node.sysfs, dev_root=node.dev, host_root=node.root, topology=TopologyReader(node.sysfs),
+        config=dict(config or {}), log=get_logger(name), udev=udev, state_dir=state_dir,
+        driver_root=node.driver_root,
+    )
 
 
 class CheckFailed(Exception):
@@ -54,11 +75,7 @@ class Bench:
         """A fresh backend instance, started with its context as `dra-agent run` starts it."""
         backend = self.target.new_backend(self.factory, self.name)
         udev = KitDeviceEvents()
-        ctx = BackendContext(
-            sysfs_root=self.node.sysfs, dev_root=self.node.dev, host_root=self.node.root,
-            topology=TopologyReader(self.node.sysfs), config=dict(self.target.config), log=get_logger(self.name),
-            udev=udev, state_dir=self.state_dir, driver_root=self.node.driver_root,
-        )
+        ctx = backend_context(self.node, self.target.config, name=self.name, state_dir=self.state_dir, udev=udev)
         instance = Instance(self, backend, udev)
         self.instances.append(instance)
         await instance.call("start", lambda: backend.start(ctx))
@@ -112,7 +129,8 @@ class Instance:
         return pick(self.bench.target, [d.name for d in inventory.devices])
 
     def allocate(self, devices: Sequence[str]) -> list[Allocated]:
-        config = typed(self.bench.target.claim_config, tuple(getattr(self.backend, "config_types", ())))
+        types = tuple(self.backend.config_types) if isinstance(self.backend, HasConfigTypes) else ()
+        config = typed(self.bench.target.claim_config, types)
         return [Allocated(device=d, request="conformance", config=config) for d in devices]
 
     async def prepare(self, claim: ClaimRef, allocated: Sequence[Allocated], phase: str = "prepare") -> list[Prepared]:
@@ -124,9 +142,9 @@ class Instance:
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         """What the core calls after a restart, when the backend defines it."""
-        reconcile = getattr(self.backend, "reconcile", None)
-        if reconcile is not None:
-            await self.call("reconcile", lambda: reconcile(held))
+        backend = self.backend
+        if isinstance(backend, Reconciles):
+            await self.call("reconcile", lambda: backend.reconcile(held))
 
     async def stop(self) -> None:
         self.stopped = True

@@ -9,8 +9,15 @@ import contextlib
 from collections.abc import Sequence
 
 from agent.backend_rules import health_problems, inventory_problems, name_changes, prepared_problems
-from backends.contract import ClaimRef, Device, DevicesChanged, Inventory, Prepared
-from cdi.spec import ContainerEdits
+from backends.plugin import (
+    ClaimRef,
+    ContainerEdits,
+    Device,
+    DevicesChanged,
+    Inventory,
+    Prepared,
+    RecordsOwnChanges,
+)
 from simulator.conformance.bench import NODE, Bench, Instance, checkpointed
 from simulator.conformance.node_state import NodeState, settled_state
 from simulator.conformance.uevents import pci_uevent
@@ -153,7 +160,8 @@ async def interrupted_prepare(bench: Bench) -> list[str]:
                              "unprepare gets only the device names when the core crashed before recording the "
                              "answer: find what was made for the claim from the hardware or a journal in "
                              "ctx.state_dir, and undo it")
-    declared = getattr(restarted.backend, "records_own_changes", False) is True
+    backend = restarted.backend
+    declared = isinstance(backend, RecordsOwnChanges) and backend.records_own_changes is True  # only True declares
     await restarted.stop()
     if declared:
         problems += await _lost_started_record(bench)

@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.backend_rules import config_problems
-from backends.config import OpaqueConfig
-from backends.contract import BackendContext, ConfigError
-from backends.topology import TopologyReader
+from backends.plugin import ConfigError, HasConfigTypes, OpaqueConfig
 from simulator.conformance import agent_run, checks
-from simulator.conformance.bench import Bench, CheckFailed
+from simulator.conformance.bench import Bench, CheckFailed, backend_context
 from simulator.conformance.loop_watch import LoopWatch, Stall
 from simulator.conformance.target import LoadError, Target, source_roots
 from simulator.node.node import SimulatedNode, simulated_node
@@ -121,8 +119,9 @@ class Conformance:
 
     def claim_config_errors(self) -> list[str]:
         plugin, factory = self.target.load()
-        types = [t for t in getattr(self.target.new_backend(factory, plugin.name), "config_types", ())
-                 if isinstance(t, type) and issubclass(t, OpaqueConfig)]
+        backend = self.target.new_backend(factory, plugin.name)
+        declared = backend.config_types if isinstance(backend, HasConfigTypes) else ()
+        types = [t for t in declared if isinstance(t, type) and issubclass(t, OpaqueConfig)]
         with self._node() as (node, work):
             return asyncio.run(_guarded(agent_run.claim_config_errors(self.target, plugin, node, work, types)))
 
@@ -174,11 +173,7 @@ async def _stop_quietly(bench: Bench) -> None:
 
 
 async def _refuses_unknown_settings(backend: Any, node: SimulatedNode) -> list[str]:
-    from agent.logs import get_logger
-
-    ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs),
-                         {"conformanceNoSuchSetting": 1}, get_logger(str(backend.name)),
-                         driver_root=node.driver_root)
+    ctx = backend_context(node, {"conformanceNoSuchSetting": 1}, name=str(backend.name))
     try:
         async with asyncio.timeout(30):
             await backend.start(ctx)
@@ -188,11 +183,11 @@ async def _refuses_unknown_settings(backend: Any, node: SimulatedNode) -> list[s
         return []
     except Exception as e:
         return [f"start() with an unknown setting raised {type(e).__name__}: {e}; raise ConfigError (use "
-                "backends.config.parse_config with your config_model)"]
+                "backends.plugin.parse_config with your config_model)"]
     else:
         await backend.stop()
         return ["start() accepted the unknown setting 'conformanceNoSuchSetting': validate ctx.config against "
-                "config_model (backends.config.parse_config) and raise ConfigError"]
+                "config_model (backends.plugin.parse_config) and raise ConfigError"]
 
 
 def _where(stall: Stall, roots: tuple[Path, ...]) -> tuple[str, int | None]:

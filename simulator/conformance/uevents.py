@@ -33,7 +33,7 @@ class KitUevent:
 
 
 class KitDeviceEvents:
-    """Implements `backends.contract.DeviceEvents` for one backend instance."""
+    """Implements `backends.plugin.DeviceEvents` for one backend instance."""
 
     def __init__(self) -> None:
         self._handlers: dict[str, list[Callable[[Any], None]]] = {}

@@ -1,16 +1,17 @@
-"""The simulated node's kernel side (`node_services`: sysfs reactions, the NVML server, the control channel) in a
-process of its own, as `dra-agent run` on a simulated node uses it: a real kernel and driver work outside the
-agent's process, on other CPUs, and never hold the agent's interpreter lock. In threads of the agent (as tests
-that open a node in their own process use it), their work would compete with the agent's for the lock, and the
-agent would look slower than it is.
+"""The simulated node's kernel side (`simulator.kernel.services`: sysfs reactions, the NVML server, the control
+channel) in a process of its own, as `dra-agent run` on a simulated node uses it: a real kernel and driver work
+outside the agent's process, on other CPUs, and never hold the agent's interpreter lock. In threads of the agent
+(as tests that open a node in their own process use it), their work would compete with the agent's for the lock,
+and the agent would look slower than it is.
 
     python -m simulator.kernel.process ROOT    (the node's profile as one JSON line on stdin)
 
-The process that starts it (holding the node's lock, see `kernel_attach`) writes the profile, reads "ready" once
-the kernel serves the node, and keeps stdin open. Other processes that open the node attach to this kernel
-instead of starting their own. The kernel ends once its starter has closed stdin (or died: SIGKILL closes it too)
-and no process is attached any more; it answers the closed stdin with "staying" when others still are, so the
-starter does not wait for it. It runs in a session of its own, away from the terminal's signals to its starter.
+The process that starts it (holding the node's lock, see `simulator.kernel.attach`) writes the profile, reads
+"ready" once the kernel serves the node, and keeps stdin open. Other processes that open the node attach to this
+kernel instead of starting their own. The kernel ends once its starter has closed stdin (or died: SIGKILL closes
+it too) and no process is attached any more; it answers the closed stdin with "staying" when others still are, so
+the starter does not wait for it. It runs in a session of its own, away from the terminal's signals to its
+starter.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from types import TracebackType
 
 from simulator.kernel.attach import node_lock
 from simulator.kernel.services import NodeServices
+from simulator.node.hardware import SimulatedNode
 from simulator.node.profile import NodeProfile
 
 __all__ = ["KernelProcess", "KernelProcessError"]
@@ -97,8 +99,6 @@ class KernelProcess:
 
 
 def main(argv: list[str]) -> int:
-    from simulator.node.node import SimulatedNode  # which starts processes of this module
-
     root = Path(argv[0])
     profile = NodeProfile.model_validate_json(sys.stdin.buffer.readline())
     node = SimulatedNode.existing(profile, root)

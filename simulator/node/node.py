@@ -1,202 +1,24 @@
-"""A simulated node on disk: its sysfs and /dev trees and its NVIDIA driver's files (among them the simulated NVML
-library), with its kernel side served while the node is in use: the kernel's reactions to sysfs writes, the NVML
-server every process's NVML library calls, and the control channel for injected NVML events (see
-`node_services`)."""
+"""A simulated node in use: built from a profile (or reopened) on disk, with its kernel side served for the
+duration of a block: the kernel's reactions to sysfs writes, the NVML server every process's NVML library calls,
+and the control channel for injected NVML events (see `simulator.kernel.services`), from threads of this process
+or from a process of its own (`simulator.kernel.process`). The hardware itself is `simulator.node.hardware`'s."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from simulator.kernel.attach import Attachment, attach, node_lock
 from simulator.kernel.process import KernelProcess
 from simulator.kernel.services import NodeServices
-from simulator.node.catalog import GPU_MODELS
-from simulator.node.driver_install import driver_root, install_driver, refresh_nvml_library
-from simulator.node.layout import NodePlan, plan_node
-from simulator.node.profile import NodeProfile, ProfileError, load_profile
-from simulator.node.sysfs_tree import write_tree
-from simulator.nvml.api import SimGpu, SimulatedNvml
-from simulator.nvml.control import control_socket
-from simulator.nvml.persist import load_mig_state
+from simulator.node.hardware import SimulatedNode, mig_minor
+from simulator.node.profile import NodeProfile, load_profile
 
 __all__ = ["SimulatedNode", "mig_minor", "simulated_node"]
-
-
-@dataclass
-class SimulatedNode:
-    """The simulated hardware of one node, rooted at `root` (root/sys, root/dev, the driver's files)."""
-
-    profile: NodeProfile
-    plan: NodePlan
-    root: Path
-    served_elsewhere: bool = False
-    """Another process serves the node (this one attached to its kernel): its NVML state is not here."""
-
-    @property
-    def sysfs(self) -> Path:
-        return self.root / "sys"
-
-    @property
-    def dev(self) -> Path:
-        return self.root / "dev"
-
-    @property
-    def driver_root(self) -> Path:
-        """Where the NVIDIA driver's user-space files are (or go), by the profile's layout."""
-        return driver_root(self.root, self.profile.nvidia.layout)
-
-    @cached_property
-    def nvml(self) -> SimulatedNvml:
-        """The node's NVML state, as the process serving the node keeps it: the profile's GPUs and MIG instances,
-        with what processes made on them since the node last rebooted. Only the serving process uses it (tests
-        that open a node in their own process reach it here)."""
-        if self.served_elsewhere:
-            raise RuntimeError(f"the simulated node at {self.root} is served by another process: its GPUs are "
-                               "reached through its NVML library and control channel only")
-        nvml = _nvml(self.plan)
-        load_mig_state(nvml.gpus, self.root / _MIG_STATE)  # MIG instances live until a reboot, like on hardware
-        nvml.state_file = self.root / _MIG_STATE
-        nvml.sysfs_root = self.sysfs  # NVML lists the GPUs the nvidia driver holds there
-        nvml.driver_loaded = self.profile.nvidia.loaded
-        return nvml
-
-    @classmethod
-    def build(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
-        """Lay the profile out under `root`: sysfs and /dev trees, the driver's files, a new boot."""
-        plan = plan_node(profile)
-        write_tree(plan, root / "sys", root / "dev")
-        node = cls(profile, plan, root)
-        node.reboot()
-        node.nvml  # noqa: B018 - made now, so that a profile whose MIG instances do not fit is refused here
-        if plan.gpus:
-            _write_mig_minors(root, [g.minor for g in plan.gpus if GPU_MODELS[g.spec.model].mig_profiles])
-            if profile.nvidia.installed:
-                install_driver(root, profile.nvidia, [g.minor for g in plan.gpus])
-        (root / _MARKER).write_text(profile.model_dump_json())
-        return node
-
-    @property
-    def control_socket(self) -> Path:
-        """Where the node takes injected NVML events from other processes (see `nvml_control`)."""
-        return control_socket(self.root)
-
-    @property
-    def boot_id_file(self) -> Path:
-        return self.root / "proc/sys/kernel/random/boot_id"
-
-    def reboot(self) -> str:
-        """Give the node a new boot id, as a reboot does (MIG instances made since are gone at the next open);
-        returns it."""
-        (self.root / _MIG_STATE).unlink(missing_ok=True)
-        self.boot_id_file.parent.mkdir(parents=True, exist_ok=True)
-        boot_id = str(uuid.uuid4())
-        self.boot_id_file.write_text(boot_id + "\n")
-        return boot_id
-
-    @classmethod
-    def existing(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
-        """The node of `profile` already built at `root`; ProfileError when there is none, or one of another
-        profile."""
-        try:
-            fingerprint = (root / _MARKER).read_text()
-        except OSError:
-            raise ProfileError(f"{root} holds no simulated node") from None
-        if fingerprint != profile.model_dump_json():
-            raise ProfileError(f"{root} holds a simulated node of another profile; use an empty folder")
-        return cls(profile, plan_node(profile), root)
-
-    @classmethod
-    def open(cls, profile: NodeProfile, root: Path) -> SimulatedNode:
-        """The node kept at `root`: built there by an earlier run from the same profile, or built now.
-
-        A kept node survives agent restarts, with whatever the agent changed in its sysfs, like real hardware.
-        A folder holding a node of another profile, or anything else, is refused rather than overwritten.
-        """
-        if (root / _MARKER).exists():
-            node = cls.existing(profile, root)
-            if profile.nvidia.installed:
-                refresh_nvml_library(root, profile.nvidia)
-            return node
-        if root.exists() and any(p.name != _SIM for p in root.iterdir()):
-            raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")
-        root.mkdir(parents=True, exist_ok=True)
-        return cls.build(profile, root)
-
-
-_MARKER = ".dra-agent-simulated-node.json"
-_SIM = ".sim"  # the node's own sockets, lock and GPU state
-_MIG_STATE = f"{_SIM}/nvml-mig.json"
-
-
-def _nvml(plan: NodePlan) -> SimulatedNvml:
-    """The simulated NVIDIA driver of a node: its GPUs and their MIG instances from the profile."""
-    profile = plan.profile
-    gpus = [
-        SimGpu(
-            model=GPU_MODELS[g.spec.model],
-            bus_id=g.bus_id,
-            uuid=g.uuid,
-            minor=g.minor,
-            numa_node=g.numa_node,
-            serial=f"{1650000000000 + g.minor:013d}",
-            mig_enabled=bool(g.spec.mig and g.spec.mig.enabled),
-            faults=dict(g.spec.faults),
-        )
-        for g in plan.gpus
-    ]
-    nvml = SimulatedNvml(
-        gpus,
-        driver_version=profile.nvidia.driver_version,
-        cuda_driver_version=profile.nvidia.cuda_driver_version,
-    )
-    for g in plan.gpus:
-        for inst in g.spec.mig.instances if g.spec.mig else []:
-            try:
-                nvml.create_instance(g.minor, inst.profile, inst.start)
-            except Exception as e:
-                raise ProfileError(
-                    f"GPU {g.bus_id}: cannot create MIG instance {inst.profile} at {inst.start}: {e}"
-                ) from None
-    return nvml
-
-
-# The NVIDIA driver's table of MIG capability minors: per GPU, 15 GPU instances of 1 + 8 entries (the GPU
-# instance's access file, then its compute instances'), after "config" and "monitor"; the same on every host.
-_MIG_GPU_INSTANCES, _MIG_COMPUTE_INSTANCES = 15, 8
-
-
-def mig_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
-    """The nvidia-caps minor of a GPU instance's (or one of its compute instances') access capability."""
-    per_gi = 1 + _MIG_COMPUTE_INSTANCES
-    base = 3 + gpu_minor * _MIG_GPU_INSTANCES * per_gi + gpu_instance * per_gi
-    return base if compute_instance is None else base + 1 + compute_instance
-
-
-def _write_mig_minors(root: Path, gpu_minors: list[int]) -> None:
-    """/proc/driver/nvidia-caps/mig-minors and the /dev/nvidia-caps nodes of MIG-capable GPUs."""
-    lines = ["config 1", "monitor 2"]
-    for minor in range(max(gpu_minors, default=-1) + 1):
-        for gi in range(_MIG_GPU_INSTANCES):
-            lines.append(f"gpu{minor}/gi{gi}/access {mig_minor(minor, gi)}")
-            lines.extend(f"gpu{minor}/gi{gi}/ci{ci}/access {mig_minor(minor, gi, ci)}"
-                         for ci in range(_MIG_COMPUTE_INSTANCES))
-    table = root / "proc/driver/nvidia-caps/mig-minors"
-    table.parent.mkdir(parents=True, exist_ok=True)
-    table.write_text("\n".join(lines) + "\n")
-    caps = root / "dev/nvidia-caps"
-    caps.mkdir(parents=True, exist_ok=True)
-    for minor in gpu_minors:
-        for gi in range(_MIG_GPU_INSTANCES):
-            for cap in (mig_minor(minor, gi), *(mig_minor(minor, gi, ci) for ci in range(_MIG_COMPUTE_INSTANCES))):
-                (caps / f"nvidia-cap{cap}").write_bytes(b"")
 
 
 def _memory_dir() -> str | None:
@@ -211,10 +33,11 @@ def _memory_dir() -> str | None:
 @contextmanager
 def simulated_node(profile: str | NodeProfile, root: Path | None = None,
                    kernel_process: bool = False) -> Iterator[SimulatedNode]:
-    """A node from a profile (name, path or object) with its kernel side served (see `node_services`) for the
-    duration of the block: from threads of this process, or with `kernel_process` from a process of its own
-    (see `kernel_process`), as for `dra-agent run`. When another process serves the node at `root` already, this
-    one attaches to its kernel instead (see `kernel_attach`), as processes share one kernel on a real node.
+    """A node from a profile (name, path or object) with its kernel side served (see `simulator.kernel.services`)
+    for the duration of the block: from threads of this process, or with `kernel_process` from a process of its own
+    (see `simulator.kernel.process`), as for `dra-agent run`. When another process serves the node at `root`
+    already, this one attaches to its kernel instead (see `simulator.kernel.attach`), as processes share one
+    kernel on a real node.
 
     Without `root` the node lives in a temporary folder removed afterwards; with `root` it is kept there
     (see `SimulatedNode.open`).

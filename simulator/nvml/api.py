@@ -7,10 +7,10 @@ Unit tests of the rules may also plug it under pynvml in their own process: `Sim
 puts it in `pynvml.nvmlLib`.
 
 This module owns the system and device-identity entry points (which GPUs are listed), plugging in, and the
-test-facing controls for MIG layouts; MIG entry points are in `nvml_mig`, compute mode in `nvml_compute`, event
-sets and injected events, lost GPUs and reset in `nvml_events`, state and rules in `nvml_state`, ctypes
-marshalling and the per-process clients in `nvml_core`. Symbols not implemented are absent from the library too,
-so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
+test-facing controls for MIG layouts; MIG entry points are in `mig`, compute mode in `compute`, event sets and
+injected events, lost GPUs and reset in `events`, state and rules in `state`, ctypes marshalling and the
+per-process clients in `marshal` (all in `simulator.nvml`). Symbols not implemented are absent from the library
+too, so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ is one JSON object in one datagram; the reply is one JSON object sent back to th
 that long, as slow hardware does (a GPU instance takes its time to make). `gpu` names a GPU by NVML index, UUID
 or PCI bus id; `gi`/`ci` are optional; `delivered` counts the event sets that received the event (0: nobody is
 watching that GPU for that event type). The same operations are a CLI:
-`python -m simulator.nvml.events --sim-root R xid 0 79`.
+`python -m simulator.nvml.control --sim-root R xid 0 79`.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def request(root: Path, message: Mapping[str, Any], timeout: float = 5.0) -> dic
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m simulator.nvml.events",
+        prog="python -m simulator.nvml.control",
         description="Inject NVML events into a running simulated node (dra-agent run --simulate --sim-root R).",
     )
     parser.add_argument("--sim-root", type=Path, default=os.environ.get("DRA_AGENT_SIM_ROOT"),
@@ -290,3 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = f", delivered to {reply['delivered']} event set(s)" if "delivered" in reply else ""
         print(f"{args.op} on GPU {gpu['index']} ({gpu['bus_id']}){extra}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

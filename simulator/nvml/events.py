@@ -8,8 +8,8 @@ registered GPU has fallen off the bus) and `nvmlEventSetFree`. An event reaches 
 registered in for its type, whichever process made the set; a set belongs to the process that made it and goes
 with its NVML shutdown or its end. Waiters sleep on the library's condition variable: no polling.
 
-Run as `python -m simulator.nvml.events --sim-root R xid 0 79` to inject into a running
-simulated node (see `nvml_control`).
+Other processes inject into a running simulated node through its control channel (`simulator.nvml.control`,
+also a command: `python -m simulator.nvml.control --sim-root R xid 0 79`).
 """
 
 from __future__ import annotations
@@ -255,8 +255,3 @@ class EventSymbols(LibraryCore):
         self._changed.notify_all()
         return NvmlReturn.SUCCESS
 
-
-if __name__ == "__main__":
-    from simulator.nvml.control import main
-
-    raise SystemExit(main())

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from backends.base import BuiltinBackend
+from backends.base import BackendBase
 from backends.config import BackendConfig
 from backends.contract import Allocated, AttributeValue, BackendContext, ClaimRef, Device, Inventory, Prepared
 from backends.sysfs import list_pci_devices, read_hex
@@ -24,7 +24,7 @@ class FpgaConfig(BackendConfig):
     """Settings of the test FPGA backend: there are none."""
 
 
-class GoodFpga(BuiltinBackend):
+class GoodFpga(BackendBase):
     """FPGA cards by PCI vendor id; a prepared card gets a session node under /dev, removed at unprepare."""
 
     name = "kit-fpga"

@@ -9,11 +9,8 @@ from pathlib import Path
 import pytest
 from acme_fpga.backend import AcmeFpgaBackend
 
-from agent.logs import get_logger
-from backends.contract import BackendContext, ConfigError, Health, HealthEvent
-from backends.topology import TopologyReader
-from simulator.node.node import SimulatedNode, simulated_node
-from simulator.udev.hotplug import UdevInjector
+from backends.plugin import BackendContext, ConfigError, Health, HealthEvent
+from simulator.conformance import SimulatedNode, UdevInjector, backend_context, simulated_node
 
 PROFILE = Path(__file__).parent.parent / "acme-node.yaml"
 CARD = "0000:04:00.0"
@@ -26,9 +23,7 @@ def node() -> Iterator[SimulatedNode]:
 
 
 def context(node: SimulatedNode, config: dict[str, object] | None = None) -> BackendContext:
-    return BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), config or {},
-                          get_logger("acme-fpga-card"), state_dir=node.root / "state",
-                          driver_root=node.driver_root)
+    return backend_context(node, config, name="acme-fpga-card", state_dir=node.root / "state")
 
 
 async def next_event(stream: AsyncIterator[object]) -> HealthEvent:

@@ -26,21 +26,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from acme_fpga.config import AcmeFpgaSettings, FpgaConfig
-from backends.base import BuiltinBackend, DeviceEventQueue, HealthLedger, pci_events_summary
-from backends.contract import (
+from backends.plugin import (
     Allocated,
+    BackendBase,
     ClaimRef,
+    ContainerEdits,
     Device,
+    DeviceEventQueue,
+    DeviceNode,
     DevicesChanged,
     Health,
     HealthEvent,
+    HealthLedger,
     Inventory,
     Prepared,
     PrepareError,
+    SysfsError,
+    device_name,
+    list_dir,
+    list_pci_devices,
+    pci_events_summary,
+    read_attr,
+    read_hex,
 )
-from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex
-from backends.topology import device_name
-from cdi.spec import ContainerEdits, DeviceNode
 
 if TYPE_CHECKING:
     import pyudev
@@ -61,7 +69,7 @@ class _Card:
     nodes: tuple[str, ...]  # below /dev, e.g. ("acme/fpga0",)
 
 
-class AcmeFpgaBackend(BuiltinBackend):
+class AcmeFpgaBackend(BackendBase):
     """ACME FPGA cards, one device each."""
 
     name = "acme-fpga-card"

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from backends.config import BackendConfig, OpaqueConfig
+from backends.plugin import BackendConfig, OpaqueConfig
 
 __all__ = ["API_VERSION", "AcmeFpgaSettings", "FpgaConfig", "PciId"]
 
