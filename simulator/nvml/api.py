@@ -6,8 +6,8 @@ wrapper code runs unchanged and returns the structs, strings and `NVMLError` sub
 Unit tests of the rules may also plug it under pynvml in their own process: `SimulatedNvml(gpus).install()`
 puts it in `pynvml.nvmlLib`.
 
-This module owns the system and device-identity entry points (which GPUs are listed), plugging in, and the
-test-facing controls for MIG layouts; MIG entry points are in `mig`, compute mode in `compute`, event sets and
+This module owns the system entry points and which GPUs are listed, plugging in, and the test-facing controls
+for MIG layouts; device identity is in `identity`, MIG entry points in `mig`, compute mode in `compute`, event sets and
 injected events, lost GPUs and reset in `events`, state and rules in `state`, ctypes marshalling and the
 per-process clients in `marshal` (all in `simulator.nvml`). Symbols not implemented are absent from the library
 too, so pynvml raises `NVMLError_FunctionNotFound` as it would with an older driver.
@@ -20,7 +20,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
 
-from simulator.node.catalog import MigProfile
 from simulator.nvml.compute import ComputeModeSymbols
 from simulator.nvml.events import (
     EVENT_DOUBLE_BIT_ECC,
@@ -29,14 +28,11 @@ from simulator.nvml.events import (
     NO_INSTANCE,
     EventSymbols,
 )
+from simulator.nvml.identity import IdentitySymbols
 from simulator.nvml.marshal import (
     HandleKind,
-    Target,
     api,
-    check_version,
-    on_handle,
     out,
-    set_fields,
     set_string,
     store_handle,
     token,
@@ -107,7 +103,7 @@ class _Saved(NamedTuple):
     refcount: int
 
 
-class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
+class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols, IdentitySymbols):
     """The simulated library: GPUs in PCI bus-id order (NVML's order; index = position among those listed).
 
     Thread-safe: one lock guards all state, as the agent calls NVML from worker threads and an event thread.
@@ -335,120 +331,3 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols):
             if parse_bus_id(self._gpus[i].bus_id) == key:
                 return self._hand_out(i, "nvmlDeviceGetHandleByPciBusId_v2", device)
         return NvmlReturn.ERROR_NOT_FOUND
-
-    # -- identity (physical GPUs; MIG handles where NVML answers for them too) -----------------------
-
-    @on_handle(_GPU)
-    def nvmlDeviceGetIndex(self, t: Target, index: Any) -> int:
-        listed = self._listed()
-        if t.index not in listed:
-            return NvmlReturn.ERROR_NOT_FOUND  # a handle from before the GPU left the nvidia driver
-        out(index).value = listed.index(t.index)
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetUUID(self, t: Target, buffer: Any, length: Any) -> int:
-        text = mig_uuid(t.gpu.uuid, t.gi.id, t.ci.id) if t.gi and t.ci else t.gpu.uuid
-        set_string(buffer, length, text)
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetName(self, t: Target, buffer: Any, length: Any) -> int:
-        name = t.gpu.model.product_name
-        if t.gi and t.ci:
-            gslices = t.gi.profile.slices
-            part = t.gi.profile.name if t.ci.slices == gslices else f"{t.ci.slices}c.{t.gi.profile.name}"
-            name = f"{name} MIG {part}"
-        set_string(buffer, length, name)
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetBrand(self, t: Target, brand: Any) -> int:
-        out(brand).value = t.gpu.model.brand
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU)
-    def nvmlDeviceGetSerial(self, t: Target, buffer: Any, length: Any) -> int:
-        if not t.gpu.serial:
-            return NvmlReturn.ERROR_NOT_SUPPORTED  # boards without a serial number
-        set_string(buffer, length, t.gpu.serial)
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU)
-    def nvmlDeviceGetMinorNumber(self, t: Target, minor: Any) -> int:
-        out(minor).value = t.gpu.minor
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetPciInfo_v3(self, t: Target, info: Any) -> int:
-        domain, bus, dev, fn = parse_bus_id(t.gpu.bus_id)
-        device_id = t.gpu.model.device_id << 16 | _NVIDIA
-        set_fields(
-            out(info),
-            busIdLegacy=f"{domain:04X}:{bus:02X}:{dev:02X}.{fn:X}".encode(),
-            busId=f"{domain:08X}:{bus:02X}:{dev:02X}.{fn:X}".encode(),
-            domain=domain,
-            bus=bus,
-            device=dev,
-            pciDeviceId=device_id,
-            pciSubSystemId=device_id,  # reference boards: subsystem = device, NVIDIA
-        )
-        return NvmlReturn.SUCCESS
-
-    def _memory_mib(self, t: Target) -> int:
-        return t.gi.profile.memory_mib if t.gi else t.gpu.model.memory_mib
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetMemoryInfo(self, t: Target, memory: Any) -> int:
-        total = self._memory_mib(t) * _MIB
-        set_fields(out(memory), total=total, free=total, used=0)
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetMemoryInfo_v2(self, t: Target, memory: Any) -> int:
-        check_version(out(memory), 2)
-        total = self._memory_mib(t) * _MIB
-        set_fields(out(memory), total=total, reserved=0, free=total, used=0)
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetArchitecture(self, t: Target, arch: Any) -> int:
-        out(arch).value = t.gpu.model.architecture
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetCudaComputeCapability(self, t: Target, major: Any, minor: Any) -> int:
-        out(major).value, out(minor).value = t.gpu.model.compute_capability
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU)
-    def nvmlDeviceGetNumaNodeId(self, t: Target, node: Any) -> int:
-        if t.gpu.numa_node < 0:
-            return NvmlReturn.ERROR_NOT_SUPPORTED
-        out(node).value = t.gpu.numa_node
-        return NvmlReturn.SUCCESS
-
-    @on_handle(_GPU, _MIG)
-    def nvmlDeviceGetAttributes_v2(self, t: Target, attributes: Any) -> int:
-        model = t.gpu.model
-        p: MigProfile | None
-        if t.gi and t.ci:
-            p = t.gi.profile
-            sms = p.multiprocessors * t.ci.slices // p.slices
-            gi_slices, ci_slices, mib = p.slices, t.ci.slices, p.memory_mib
-        else:
-            p = max(model.mig_profiles, key=lambda q: q.slices, default=None)  # whole-GPU engines
-            sms, gi_slices, ci_slices, mib = model.multiprocessors, 0, 0, model.memory_mib
-        set_fields(
-            out(attributes),
-            multiprocessorCount=sms,
-            sharedCopyEngineCount=p.copy_engines if p else 0,
-            sharedDecoderCount=p.decoders if p else 0,
-            sharedEncoderCount=p.encoders if p else 0,
-            sharedJpegCount=p.jpegs if p else 0,
-            sharedOfaCount=p.ofas if p else 0,
-            gpuInstanceSliceCount=gi_slices,
-            computeInstanceSliceCount=ci_slices,
-            memorySizeMB=mib,
-        )
-        return NvmlReturn.SUCCESS
