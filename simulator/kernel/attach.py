@@ -2,7 +2,7 @@
 node share its kernel: a second `dra-agent run` on a node root already served attaches to the serving kernel
 instead of starting its own (which would apply every sysfs write twice and keep a second GPU state).
 
-The serving side (`node_services`) listens on `<root>/.sim/kernel.sock` and greets each process that connects;
+The serving side (`services`) listens on `<root>/.sim/kernel.sock` and greets each process that connects;
 a process stays attached while its connection is open, so its death detaches it. Finding the serving kernel, or
 starting one, happens under an exclusive lock on `<root>/.sim/kernel.lock`, which a kernel process also takes
 before it decides to end (when no process is attached any more): a process never attaches to a kernel that is

@@ -1,10 +1,11 @@
 """The simulated node's kernel side while the node is in use: what a real node's kernel and driver do beside the
-agent. The kernel's reactions to sysfs writes (`kernel`), the NVML server that every process's NVML library calls
-(`nvml_server`) and the control channel for injected NVML events (`nvml_control`), all on one NVML state; and the
-socket other processes attach to instead of serving the node again (`kernel_attach`).
+agent. The kernel's reactions to sysfs writes (`sysfs_writes`), the NVML server that every process's NVML
+library calls (`simulator.nvml.server`) and the control channel for injected NVML events
+(`simulator.nvml.control`), all on one NVML state; and the socket other processes attach to instead of serving
+the node again (`attach`).
 
-Run from threads of the process that opened the node (tests), or in a process of its own (`kernel_process`, as
-`dra-agent run` uses it); the same code either way. Start it holding the node's lock (`kernel_attach.node_lock`).
+Run from threads of the process that opened the node (tests), or in a process of its own (`process`, as
+`dra-agent run` uses it); the same code either way. Start it holding the node's lock (`attach.node_lock`).
 """
 
 from __future__ import annotations

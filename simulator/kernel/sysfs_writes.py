@@ -3,7 +3,7 @@ agent writes them (unbind, bind, driver_override, drivers_probe, sriov_numvfs).
 
 One daemon thread per node watches, with inotify, the folders that hold control files: `bus/pci` (drivers_probe),
 each `bus/pci/drivers/<name>` (bind, unbind) and each PCI function's folder (driver_override, sriov_numvfs). When a
-writer closes one of them, the thread reads what was written, changes the tree (`kernel_pci`, `kernel_sriov`) and
+writer closes one of them, the thread reads what was written, changes the tree (`pci`, `sriov`) and
 sends the uevents the kernel sends. The effect lands a few milliseconds after close(), not before the write
 returns as on a real kernel, and a refused write cannot fail: the file is put back and the refusal noted.
 """

@@ -3,10 +3,10 @@
 at /run/nvidia/driver (the "container" layout, with the container's own /dev holding the driver's nodes).
 
 Each library is its versioned file plus the soname link, and `etc/ld.so.cache` lists the sonames, as after an
-ldconfig run. libnvidia-ml is the simulated NVML library (`nvml_library`), a copy per node: the library finds its
-node's NVML server through the link beside the file it was loaded from (`nvml_library.SERVER_LINK`), and two
-nodes' copies must be two libraries to a process that loads both. The other libraries and the binaries are
-placeholders, for the CDI mounts.
+ldconfig run. libnvidia-ml is the simulated NVML library (`simulator.nvml.library`), a copy per node: the library
+finds its node's NVML server through the link beside the file it was loaded from
+(`simulator.nvml.library.SERVER_LINK`), and two nodes' copies must be two libraries to a process that loads
+both. The other libraries and the binaries are placeholders, for the CDI mounts.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def driver_root(root: Path, layout: str) -> Path:
 
 
 def nvml_server_socket(root: Path) -> Path:
-    """Where the node at `root` serves NVML calls (see `nvml_server`)."""
+    """Where the node at `root` serves NVML calls (see `simulator.nvml.server`)."""
     return root / ".sim" / "nvml-lib.sock"
 
 

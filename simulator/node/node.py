@@ -34,8 +34,8 @@ def _memory_dir() -> str | None:
 def simulated_node(profile: str | NodeProfile, root: Path | None = None,
                    kernel_process: bool = False) -> Iterator[SimulatedNode]:
     """A node from a profile (name, path or object) with its kernel side served (see `simulator.kernel.services`)
-    for the duration of the block: from threads of this process, or with `kernel_process` from a process of its own
-    (see `simulator.kernel.process`), as for `dra-agent run`. When another process serves the node at `root`
+    for the duration of the block: from threads of this process, or with `kernel_process` from a process of its
+    own (see `simulator.kernel.process`), as for `dra-agent run`. When another process serves the node at `root`
     already, this one attaches to its kernel instead (see `simulator.kernel.attach`), as processes share one
     kernel on a real node.
 

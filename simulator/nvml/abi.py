@@ -1,7 +1,7 @@
 """The simulated libnvidia-ml's entry points: each NVML C function the simulation implements, with its parameters
 as nvml.h declares them, and what each argument is to the NVML server that runs the call.
 
-The library (`nvml_library`) forwards every call as the raw argument words; the server (`nvml_server`) turns
+The library (`library`) forwards every call as the raw argument words; the server (`server`) turns
 each into what pynvml would have passed the simulation in-process: a number, a handle, or a ctypes object filled
 from and written back to the calling process's memory. The struct types are pynvml's, whose layouts are
 nvml.h's. A call's symbol travels as its position in `SYMBOLS`; `DIGEST` names this table, so that a library

@@ -1,7 +1,7 @@
 """The simulated node's NVML: the GPUs' state and NVML's rules, behind methods named after the C symbols.
 
-Processes reach it through the node's NVML library (`nvml_library`), whose calls the node's NVML server
-(`nvml_server`) turns into calls of these methods with the ctypes arguments pynvml would pass, so pynvml's own
+Processes reach it through the node's NVML library (`library`), whose calls the node's NVML server
+(`server`) turns into calls of these methods with the ctypes arguments pynvml would pass, so pynvml's own
 wrapper code runs unchanged and returns the structs, strings and `NVMLError` subclasses it would on a real node.
 Unit tests of the rules may also plug it under pynvml in their own process: `SimulatedNvml(gpus).install()`
 puts it in `pynvml.nvmlLib`.

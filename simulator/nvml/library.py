@@ -1,8 +1,8 @@
-"""The simulated node's libnvidia-ml.so: a real shared library, generated as C source from `nvml_abi` and built
+"""The simulated node's libnvidia-ml.so: a real shared library, generated as C source from `abi` and built
 with the system's C compiler, that any process on the node loads as it would load NVIDIA's.
 
 Every entry point sends its symbol's number and its argument words over a unix stream socket to the node's NVML
-server (`nvml_server`) and returns the server's answer; the server reads and writes the memory the pointer
+server (`server`) and returns the server's answer; the server reads and writes the memory the pointer
 arguments name in the calling process. So one NVML state serves every process of the node, as one kernel driver
 does. The library finds the server through `SERVER_LINK`, a link beside its own file (it learns where it is with
 dladdr), never through the caller's environment. Connections are kept in a small pool, one per concurrent call:

@@ -2,12 +2,12 @@
 `SimulatedNvml`, so that all of them see one GPU state, as they share one kernel driver on a real node.
 
 A unix stream socket; one thread per connection (a call blocked in nvmlEventSetWait blocks only its own). A
-connection starts with the library's hello (`nvml_library.HELLO`): a library built from another table of entry
+connection starts with the library's hello (`library.HELLO`): a library built from another table of entry
 points is refused with NVML_ERROR_LIB_RM_VERSION_MISMATCH. Then each request is the symbol's number, the argument
 count and eight argument words; the answer is the NVML return code. The caller is known by the socket's peer
-credentials: its connections are one NVML client (`nvml_core.Client`), whose init count and event sets go when
+credentials: its connections are one NVML client (`marshal.Client`), whose init count and event sets go when
 its last connection closes, i.e. when the process is gone. Pointer arguments become ctypes objects filled from the
-caller's memory and written back to it (`process_memory`), as `nvml_abi` says for each parameter.
+caller's memory and written back to it (`process_memory`), as `abi` says for each parameter.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """State and rules of the simulated NVIDIA GPUs: return codes, MIG mode, GPU and compute instances.
 
-Pure Python (no ctypes): the NVML entry points in `nvml.py` and `nvml_mig.py` translate calls into these
-operations, which raise `SimulatedNvmlError` carrying the NVML return code a real driver would give.
+Pure Python (no ctypes): the NVML entry points in `api`, `identity`, `mig`, `compute_instances` and `compute`
+translate calls into these operations, which raise `SimulatedNvmlError` carrying the NVML return code a real
+driver would give.
 MIG rules follow reference/mechanics.md §2.2/§3: placements on the 8-wide memory-slice axis, overlap or an
 exhausted instance count → INSUFFICIENT_RESOURCES, a start the profile does not allow → INVALID_ARGUMENT.
 """

@@ -1,5 +1,5 @@
 """Hot-plug and link events on a simulated node: its sysfs and /dev change as the kernel changes them, then the
-uevents go to every process watching the node through umockdev's preload (see `udev_preload`).
+uevents go to every process watching the node through umockdev's preload (see `preload`).
 
     python -m simulator.udev.hotplug --sim-root DIR pci-remove 0000:18:00.0
 
