@@ -24,12 +24,13 @@ from agent.testing.conformance.bench import NODE, CheckFailed, pick
 from agent.testing.conformance.node_state import settled_state
 from agent.testing.conformance.target import BadClaimConfig, Target
 from agent.testing.kubelet import KubeletSimulator, Plugin
+from agent.testing.timing import scaled
 from backends.contract import ClaimRef
 from backends.simulation.node import SimulatedNode
 
 __all__ = ["claim_config_errors", "served_by_agent"]
 
-_PUBLISH_SECONDS = 15.0
+_PUBLISH_SECONDS = scaled(15.0)
 
 
 class _Cluster:

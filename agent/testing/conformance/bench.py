@@ -18,6 +18,7 @@ from agent.testing.conformance.loop_watch import LoopWatch
 from agent.testing.conformance.rules import inventory_problems, typed
 from agent.testing.conformance.target import Factory, Target
 from agent.testing.conformance.uevents import KitDeviceEvents
+from agent.testing.timing import scaled
 from backends.contract import Allocated, BackendContext, ClaimRef, Inventory, Prepared
 from backends.simulation.node import SimulatedNode
 from backends.topology import TopologyReader
@@ -26,7 +27,7 @@ __all__ = ["NODE", "Bench", "CheckFailed", "Instance", "checkpointed", "pick"]
 
 T = TypeVar("T")
 NODE = "conformance-node"
-CALL_SECONDS = 30.0
+CALL_SECONDS = scaled(30.0)
 """How long one backend call may take before the check fails."""
 
 

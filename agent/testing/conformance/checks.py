@@ -12,6 +12,7 @@ from agent.testing.conformance.bench import NODE, Bench, Instance, checkpointed
 from agent.testing.conformance.node_state import NodeState, settled_state
 from agent.testing.conformance.rules import health_problems, inventory_problems, name_changes, prepared_problems
 from agent.testing.conformance.uevents import pci_uevent
+from agent.testing.timing import scaled
 from backends.contract import ClaimRef, Device, DevicesChanged, Inventory, Prepared
 from backends.simulation.udev_events import UdevInjector
 from cdi.spec import ContainerEdits
@@ -27,8 +28,10 @@ __all__ = [
     "unprepare_restores",
 ]
 
-_QUIET = 0.2
-_HEALTH_END_SECONDS = 5.0
+# A backend's reaction to a uevent has no end to observe (it may rightly yield nothing), so the kit waits for a
+# quiet spell: nothing yielded for _QUIET seconds, at most `longest`. Both stretch with the time factor.
+_QUIET = scaled(0.2)
+_HEALTH_END_SECONDS = scaled(5.0)
 
 
 async def discovery(bench: Bench) -> list[str]:
@@ -227,7 +230,7 @@ async def _collect(instance: Instance, events: list[object], failures: list[str]
         failures.append(f"health() raised {type(e).__name__}: {e}; report problems as events and keep going")
 
 
-async def _quiet(events: list[object], longest: float = 3.0) -> None:
+async def _quiet(events: list[object], longest: float = scaled(3.0)) -> None:
     """Wait until the backend has yielded nothing for a while."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + longest

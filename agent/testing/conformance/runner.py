@@ -17,6 +17,7 @@ from agent.testing.conformance.bench import Bench, CheckFailed
 from agent.testing.conformance.loop_watch import LoopWatch, Stall
 from agent.testing.conformance.rules import config_problems
 from agent.testing.conformance.target import LoadError, Target, source_roots
+from agent.testing.timing import scaled
 from backends.config import OpaqueConfig
 from backends.contract import BackendContext, ConfigError
 from backends.simulation.node import SimulatedNode, simulated_node
@@ -167,7 +168,7 @@ async def _stop_quietly(bench: Bench) -> None:
         if not instance.stopped:
             instance.stopped = True
             try:
-                async with asyncio.timeout(10):
+                async with asyncio.timeout(scaled(10)):
                     await instance.backend.stop()
             except Exception:  # the check already failed for a reason worth more than this one
                 pass
@@ -180,7 +181,7 @@ async def _refuses_unknown_settings(backend: Any, node: SimulatedNode) -> list[s
                          {"conformanceNoSuchSetting": 1}, get_logger(str(backend.name)),
                          driver_root=node.driver_root)
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(scaled(30)):
             await backend.start(ctx)
     except ConfigError as e:
         if "conformanceNoSuchSetting" not in str(e):
