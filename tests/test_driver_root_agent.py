@@ -177,7 +177,7 @@ async def test_gpus_without_usable_nvml_are_an_error_the_operator_sees_until_nvm
         await run.kubelet.wait_for_plugin(GPU, timeout=START)
         async with asyncio.timeout(scaled(10)):  # the readiness follows the publication
             while (await run.get("/readyz"))[0] != 200:  # noqa: ASYNC110 - another process: poll its endpoint
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
         assert await run.get("/readyz") == (200, "ready\n")
         _, metrics = await run.get("/metrics")
         assert 'dra_agent_unserved_devices{backend="nvidia-gpu",driver="gpu.nvidia.com"} 0.0' in metrics

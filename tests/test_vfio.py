@@ -362,7 +362,7 @@ def test_a_journal_syncs_only_records_of_what_outlives_a_reboot(tmp_path: Path, 
 def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: Any) -> None:
     node = sim_node("dgx-h100")
     rebinder, other = Rebinder(node.sysfs), node.plan.gpus[1]
-    rebinder.to_vfio(GPU_BDF, Deadline(10))
+    rebinder.to_vfio(GPU_BDF, Deadline(scaled(10)))
     with nvml_session():  # the node's NVML library, loaded from its driver root
         assert pynvml.nvmlDeviceGetCount() == 7
         with pytest.raises(pynvml.NVMLError_NotFound):
@@ -371,7 +371,7 @@ def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: An
             pynvml.nvmlDeviceGetHandleByUUID(node.plan.gpus[0].uuid)
         first = pynvml.nvmlDeviceGetHandleByIndex(0)  # NVML numbers the GPUs it lists
         assert pynvml.nvmlDeviceGetUUID(first) == other.uuid and pynvml.nvmlDeviceGetIndex(first) == 0
-        rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
+        rebinder.back_to(GPU_BDF, "nvidia", Deadline(scaled(10)))
         assert pynvml.nvmlDeviceGetCount() == 8
         assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)) == node.plan.gpus[0].uuid
 
