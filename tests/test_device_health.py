@@ -117,7 +117,7 @@ async def test_stream_sends_at_once_on_change_and_every_half_timeout() -> None:
 
 async def test_concurrent_streams_get_the_same_lists() -> None:
     board = HealthBoard(["a"])
-    stream = HealthStream(NODE, board, timeout=30)
+    stream = HealthStream(NODE, board, timeout=round(scaled(30)))  # no refresh comes during the test
     one, two = aiter(stream.watch()), aiter(stream.watch())
     assert await anext(one) == await anext(two)
     board.apply(HealthEvent("a", Health.UNHEALTHY, "Xid 79", "xid", "79"))
