@@ -298,12 +298,16 @@ async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(s
 
 
 def release(fifo: Path) -> None:
-    """Let the writers blocked on a FIFO finish their writes."""
-    for _ in range(4):
-        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        time.sleep(0.05)  # a blocked writer opens and writes now
-        with contextlib.suppress(BlockingIOError):
-            os.read(fd, 4096)
+    """Let the writer blocked on a FIFO finish its write: the read end stays open until what it wrote is read."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + scaled(5)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):  # opened, not written yet
+                if os.read(fd, 4096):
+                    return
+            time.sleep(0.01)  # not opened yet (an empty read), or not written
+    finally:
         os.close(fd)
 
 
