@@ -35,13 +35,16 @@ from simulator.kubelet_connection import (
     RegistrationRefused,
     health_stream,
 )
+from simulator.timing import scaled
 
 __all__ = ["DeviceHealthState", "KubeletSimulator"]
 
-DIAL_TIMEOUT = 10.0
-GET_INFO_TIMEOUT = 1.0
-NOTIFY_TIMEOUT = 5.0
-DEFAULT_HEALTH_TIMEOUT = 30.0
+# The kubelet's deadlines for a plugin's answers, stretched by the time factor: a busy test machine answers later
+# than a node does, and a missed deadline fails the registration into the kubelet's back-off.
+DIAL_TIMEOUT = scaled(10.0)
+GET_INFO_TIMEOUT = scaled(1.0)
+NOTIFY_TIMEOUT = scaled(5.0)
+DEFAULT_HEALTH_TIMEOUT = 30.0  # what a report without a timeout means to the health cache, not a wait
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 MAX_HEALTH_MESSAGE = 1024
 _VERSIONS: dict[str, DraVersion] = {"v1.DRAPlugin": "v1", "v1beta1.DRAPlugin": "v1beta1"}
@@ -198,7 +201,9 @@ class KubeletSimulator:
             self.registry_dir.mkdir(parents=True, exist_ok=True)
             self._watcher = self._spawn(self._watch_registry())
 
-    async def wait_for_plugin(self, driver: str, *, timeout: float = 10.0, endpoint: str | None = None) -> Plugin:
+    async def wait_for_plugin(
+        self, driver: str, *, timeout: float = scaled(10.0), endpoint: str | None = None
+    ) -> Plugin:
         """Watch the registry until an instance of `driver` (at `endpoint`, if given) has been registered and told."""
         self.start()
 
@@ -208,7 +213,7 @@ class KubeletSimulator:
 
         return await self._wait(found, timeout, lambda: f"DRA driver {driver} did not register")
 
-    async def deregistered(self, driver: str, *, timeout: float = 10.0) -> None:
+    async def deregistered(self, driver: str, *, timeout: float = scaled(10.0)) -> None:
         """Wait until no instance of `driver` is registered."""
         await self._wait(
             lambda: None if driver in self._plugins else True, timeout, lambda: f"DRA driver {driver} still registered"
@@ -288,7 +293,7 @@ class KubeletSimulator:
         }
 
     async def wait_for_health(
-        self, driver: str, check: Callable[[HealthView], bool], *, timeout: float = 5.0
+        self, driver: str, check: Callable[[HealthView], bool], *, timeout: float = scaled(5.0)
     ) -> HealthView:
         """Wait until `check(health_state(driver))` holds; re-checked on every report and clearing."""
 

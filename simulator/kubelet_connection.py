@@ -15,6 +15,7 @@ import grpc
 from agent.claims.results import ClaimResult
 from agent.kubelet.services import DeviceHealthReport, DraClient, DraVersion, PluginInfo, watch_health
 from backends.contract import ClaimRef
+from simulator.timing import scaled
 
 __all__ = [
     "CALL_TIMEOUT",
@@ -36,7 +37,7 @@ Identity = tuple[int, int]  # (inode, ctime): a socket re-created at the same pa
 # "Connection refused" for a while; the kubelet (grpc-go) gives each plugin connection its own.
 OWN_CONNECTIONS = (("grpc.use_local_subchannel_pool", 1),)
 
-CALL_TIMEOUT = 45.0
+CALL_TIMEOUT = scaled(45.0)  # the kubelet's deadline, stretched by the time factor like every wait of a test
 
 
 class KubeletError(Exception):

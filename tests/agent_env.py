@@ -186,7 +186,7 @@ class AgentProcess:
         assert self.process is not None
         self.process.send_signal(signum)
 
-    async def wait(self, timeout: float = 15) -> int:
+    async def wait(self, timeout: float = scaled(15)) -> int:
         assert self.process is not None
         async with asyncio.timeout(timeout):
             return await self.process.wait()
@@ -200,7 +200,7 @@ class AgentProcess:
         return self.log.read_text() if self.log.exists() else ""
 
 
-async def wait_until(predicate: Any, timeout: float = 10, interval: float = 0.02) -> None:
+async def wait_until(predicate: Any, timeout: float = scaled(10), interval: float = 0.02) -> None:
     """Poll a condition of the outside world (files, API objects) until it holds."""
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 - nothing to wait on: the condition is outside this process
@@ -210,9 +210,9 @@ async def wait_until(predicate: Any, timeout: float = 10, interval: float = 0.02
 async def plugin_after_restart(kubelet: KubeletSimulator, before: Plugin) -> Plugin:
     """The restarted agent's registration (its socket re-created; a fast restart may replace the old one between
     two scans of the registry, so "deregistered" alone could be missed)."""
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(scaled(30)):
         # The simulator polls the registry: there is no event to wait on but its next scan.
-        while (plugin := await kubelet.wait_for_plugin(before.driver, timeout=30)) is before:  # noqa: ASYNC110
+        while (plugin := await kubelet.wait_for_plugin(before.driver, timeout=scaled(30))) is before:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
     return plugin
 

@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 
 from agent.node.host_netns import in_netns
+from tests.timing import scaled
 
-EVENT_TIMEOUT = 5.0
+EVENT_TIMEOUT = scaled(5.0)
 """Seconds a message the kernel (or udevd) sends may take to arrive."""
-QUIET = 0.2
-"""Seconds a socket is watched to show nothing arrives, after the same message reached another namespace."""
+QUIET = scaled(0.2)
+"""Seconds a socket is watched to show nothing arrives, after the same message reached another namespace (the
+window is the point: it is kept, and stretched with the time factor)."""
 
 NETLINK_KOBJECT_UEVENT = 15
 UEVENT_KERNEL, UEVENT_UDEV = 1, 2  # the multicast groups of the kernel's uevents and of udevd's

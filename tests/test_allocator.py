@@ -14,7 +14,9 @@ from agent.kube.client import KubeClient
 from simulator.apiserver.server import TestApiServer
 from simulator.scheduler.allocation import Unallocatable
 from simulator.scheduler.allocator import Allocator
+from tests.agent_env import wait_until
 from tests.allocation_env import claim, device_classes, discovered, exactly, example_claim
+from tests.timing import scaled
 
 NODE = "dgx-h100"
 
@@ -97,12 +99,13 @@ async def test_a_claim_changed_under_the_allocator_is_not_overwritten(server: Te
     try:
         allocator = Allocator(kube)
         # The claim changes between the allocator's read and its write: the stale write gets 409.
-        server.delay("GET", "/apis/resource.k8s.io/v1/deviceclasses", 0.2, times=1)
+        classes = "/apis/resource.k8s.io/v1/deviceclasses"
+        server.delay("GET", classes, scaled(0.2), times=1)  # held while the claim changes
         changed = gpu_claim("mine")
         changed["metadata"]["labels"] = {"changed": "yes"}
 
         async def change() -> None:
-            await asyncio.sleep(0.1)
+            await wait_until(lambda: server.find_requests("GET", classes))  # the claim has been read
             server.put_claim(changed)
 
         allocation, _ = await asyncio.gather(allocator.allocate("default", "mine", node=NODE), change())

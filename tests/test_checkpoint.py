@@ -20,6 +20,7 @@ from agent.claims import checkpoint as cp
 from agent.claims.checkpoint import Checkpoint, CheckpointDamaged, CheckpointError
 from agent.claims.records import DeviceRecord
 from cdi.spec import ContainerEdits, DeviceNode, Mount
+from tests.timing import scaled
 
 BOOT = "11111111-1111-1111-1111-111111111111"
 
@@ -275,11 +276,11 @@ def test_an_unsynced_start_from_the_loop_never_waits_for_another_writer(scratch:
     def hold() -> None:  # another thread in the middle of an append
         with journal._lock:
             holding.set()
-            done.wait(5)
+            done.wait(scaled(5))
 
     other = threading.Thread(target=hold)
     other.start()
-    holding.wait(5)
+    holding.wait(scaled(5))
     try:
         assert journal.start_unsynced_now(uid(3), "ns", "claim-3", ()) is None
     finally:

@@ -17,6 +17,7 @@ from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import KubeletError
 from tests.agent_env import NODE, AgentProcess, allocate, plugin_after_restart, settings_for, wait_until
+from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
 
@@ -68,7 +69,7 @@ async def test_crash_and_restart(server: TestApiServer, scratch: Path, point: st
     try:
         await crashing.start()
         async with KubeletSimulator(settings.registry_dir) as kubelet:
-            plugin = await kubelet.wait_for_plugin(GPU, timeout=20)
+            plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(20))
             await wait_until(lambda: server.objects("resourceslices"))
             before = hardware(settings.sim_root)  # type: ignore[arg-type]
             gpu = server.objects("resourceslices")[0]["spec"]["devices"][0]["name"]

@@ -19,6 +19,7 @@ from simulator.demo.cluster import DemoError
 from simulator.demo.command import SCENARIOS, SEEDS, plan_for, run_demo
 from simulator.demo.story import Story
 from tests.agent_env import memory_dir
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group("demo")
@@ -128,7 +129,7 @@ def test_the_command_tours_a_node_and_fails_when_a_scenario_cannot_hold_there(tm
     # the demo must call a failure.
     done = subprocess.run([sys.executable, "-m", "agent", "demo", "--profile", "gke-g2-l4", "--scenario", "tour",
                            "--scenario", "aligned-nic", "--color", "never"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=scaled(120), cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     sections = dict(re.findall(r"^\d\. ([^\n]+)\n-+\n(.*?)(?=^\d\. |^Summary)", done.stdout, re.M | re.S))
     tour, aligned = sections["One device of every driver"], sections["A big GPU with an aligned NIC"]

@@ -10,6 +10,7 @@ import pytest
 
 from backends.base import DeviceEventQueue, HealthLedger
 from backends.contract import Health, HealthEvent
+from tests.timing import scaled
 
 
 class Events:
@@ -61,7 +62,7 @@ async def test_a_waiting_consumer_ends_when_the_backend_stops() -> None:
         await asyncio.sleep(0)
         stopped.set()
         with pytest.raises(StopAsyncIteration):
-            await asyncio.wait_for(waiting, 5)
+            await asyncio.wait_for(waiting, scaled(5))
 
 
 def test_ledger_reports_changes_only() -> None:

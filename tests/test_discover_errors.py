@@ -14,6 +14,7 @@ from backends.vfio_sysfs import Deadline, Rebinder
 from simulator.node.node import SimulatedNode
 from tests.conftest import CliResult
 from tests.slice_checks import assert_valid_slices
+from tests.timing import scaled
 
 
 def host_flags(node: SimulatedNode) -> list[str]:
@@ -138,7 +139,7 @@ def test_nvidia_gpus_without_nvml_are_unserved_and_a_node_without_them_is_quiet(
                        "      - pci: {vendor: 0x10de, device: 0x1ad6, class_code: 0x0c0330}\n")  # NVIDIA, but USB
     node = sim_node(str(profile))
     gpus = [g.bus_id for g in node.plan.gpus]
-    Rebinder(node.sysfs).to_vfio(gpus[0], Deadline(10))  # passed through: NVML would not serve it anyway
+    Rebinder(node.sysfs).to_vfio(gpus[0], Deadline(scaled(10)))  # passed through: NVML would not serve it anyway
     assert nvidia_gpus_in_sysfs(node.sysfs) == gpus[1:]
     inventory = read_nvml(structlog.get_logger(), node.sysfs, lambda *_: Inventory())
     (unserved,) = inventory.unserved

@@ -42,6 +42,7 @@ from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, allocate, settings_for, wait_until
+from tests.timing import scaled
 
 DRIVER = "accel.example.com"
 
@@ -142,7 +143,7 @@ async def make_env(scratch: Path) -> AsyncIterator[Callable[..., Any]]:
 
 
 async def next_health(plugin: Plugin, stream: AsyncIterator[list[Any]], want: Callable[[dict[str, Any]], bool],
-                      timeout: float = 3) -> dict[str, Any]:
+                      timeout: float = scaled(3)) -> dict[str, Any]:
     """The first message (device → report) of the stream that satisfies `want`."""
     async with asyncio.timeout(timeout):
         async for reports in stream:
@@ -154,7 +155,7 @@ async def next_health(plugin: Plugin, stream: AsyncIterator[list[Any]], want: Ca
 
 async def test_unhealthy_device_is_streamed_tainted_and_refused_until_it_recovers(make_env: Callable[..., Any]) -> None:
     env: Env = await make_env()
-    await asyncio.wait_for(env.driver.published.wait(), 5)
+    await asyncio.wait_for(env.driver.published.wait(), scaled(5))
     plugin = await env.plugin()
     stream = aiter(plugin.health())
     first = await next_health(plugin, stream, lambda m: True)
@@ -167,7 +168,7 @@ async def test_unhealthy_device_is_streamed_tainted_and_refused_until_it_recover
     assert message["dev-1"].message == "Xid 79: GPU has fallen off the bus"
     assert message["dev-0"].health == HealthStatus.HEALTHY
     await wait_until(lambda: env.taints() == {"dev-1": [{"key": f"{DRIVER}/xid", "value": "79",
-                                                         "effect": "NoSchedule"}]}, 3)
+                                                         "effect": "NoSchedule"}]}, scaled(3))
     assert env.server.writes() - before == 1, "one slice rewritten, nothing else"
     assert env.slices()[0]["spec"]["pool"]["generation"] == 0
 
@@ -179,7 +180,7 @@ async def test_unhealthy_device_is_streamed_tainted_and_refused_until_it_recover
 
     env.backend.events.put_nowait(HealthEvent("dev-1", Health.HEALTHY, "GPU reset"))
     await next_health(plugin, stream, lambda m: m["dev-1"].health == HealthStatus.HEALTHY)
-    await wait_until(lambda: env.taints() == {}, 3)
+    await wait_until(lambda: env.taints() == {}, scaled(3))
     assert (await plugin.prepare([claim]))[claim.uid].error == ""
     samples = {(s.labels["device"], s.labels["health"]): s.value
                for s in env.metrics.device_health.collect()[0].samples}
@@ -192,19 +193,19 @@ async def test_a_claim_prepared_before_the_device_failed_keeps_its_answer(make_e
     claim = allocate(env.server, "train", [("accel", DRIVER, "dev-0")])
     first = await plugin.prepare_or_raise([claim])
     env.backend.events.put_nowait(HealthEvent("dev-0", Health.UNHEALTHY, "double-bit ECC error", "ecc"))
-    await wait_until(lambda: env.driver.board.state("dev-0").health is Health.UNHEALTHY, 3)
+    await wait_until(lambda: env.driver.board.state("dev-0").health is Health.UNHEALTHY, scaled(3))
     assert await plugin.prepare_or_raise([claim]) == first, "the kubelet's retry of a running pod's claim"
     assert await plugin.unprepare([claim]) == {claim.uid: ""}
 
 
 async def test_effects_unknown_and_no_execute(make_env: Callable[..., Any]) -> None:
     env: Env = await make_env(no_execute=("gpu-lost",))
-    await asyncio.wait_for(env.driver.published.wait(), 5)
+    await asyncio.wait_for(env.driver.published.wait(), scaled(5))
     for event in (HealthEvent("dev-0", Health.UNHEALTHY, "GPU lost", "gpu-lost"),
                   HealthEvent("dev-1", Health.UNKNOWN, "NVML does not answer", "unmonitored"),
                   HealthEvent("dev-2", Health.UNHEALTHY, "odd", "Not A Label!", "x" * 70)):
         env.backend.events.put_nowait(event)
-    await wait_until(lambda: len(env.taints()) == 3, 3)
+    await wait_until(lambda: len(env.taints()) == 3, scaled(3))
     assert env.taints() == {
         "dev-0": [{"key": f"{DRIVER}/gpu-lost", "effect": "NoExecute"}],
         "dev-1": [{"key": f"{DRIVER}/unmonitored", "effect": "None"}],
@@ -224,7 +225,7 @@ async def test_hot_plug_removes_and_restores_devices(make_env: Callable[..., Any
 
     env.backend.devices.remove("dev-2")
     env.backend.events.put_nowait(DevicesChanged("PCI remove of 0000:3b:00.0"))
-    await wait_until(lambda: env.published() == ["dev-0", "dev-1"], 5)
+    await wait_until(lambda: env.published() == ["dev-0", "dev-1"], scaled(5))
     message = await next_health(plugin, stream, lambda m: "dev-2" in m and m["dev-2"].health == HealthStatus.UNHEALTHY)
     assert message["dev-2"].message == "the device is no longer on the node", "its pods see it gone"
     fresh = allocate(env.server, "fresh", [("accel", DRIVER, "dev-2")])
@@ -233,7 +234,7 @@ async def test_hot_plug_removes_and_restores_devices(make_env: Callable[..., Any
     assert await plugin.unprepare([claim]) == {claim.uid: ""}, "unprepare works from the checkpoint alone"
     env.backend.devices.append("dev-2")
     env.backend.events.put_nowait(DevicesChanged("PCI add of 0000:3b:00.0"))
-    await wait_until(lambda: env.published() == ["dev-0", "dev-1", "dev-2"], 5)
+    await wait_until(lambda: env.published() == ["dev-0", "dev-1", "dev-2"], scaled(5))
     message = await next_health(plugin, stream, lambda m: m.get("dev-2") is not None
                                 and m["dev-2"].health == HealthStatus.HEALTHY)
     assert set(message) == {"dev-0", "dev-1", "dev-2"}
@@ -245,7 +246,7 @@ async def test_a_dormant_driver_starts_serving_when_devices_appear(make_env: Cal
     assert not env.driver.active and not (registry.exists() and list(registry.iterdir())), "no sockets yet"
     env.backend.devices.append("dev-0")
     env.backend.events.put_nowait(DevicesChanged("PCI add"))
-    await wait_until(lambda: env.published() == ["dev-0"], 5)
+    await wait_until(lambda: env.published() == ["dev-0"], scaled(5))
     plugin = await env.plugin()
     claim = allocate(env.server, "train", [("accel", DRIVER, "dev-0")])
     assert (await plugin.prepare([claim]))[claim.uid].error == ""
@@ -265,10 +266,10 @@ async def test_hardware_a_backend_cannot_serve_is_reported_until_it_can(make_env
     assert unserved_count(env) == 4
     env.backend.unserved = [why]
     env.backend.events.put_nowait(DevicesChanged("looked again"))
-    await wait_until(lambda: unserved_count(env) == 2, 5)
+    await wait_until(lambda: unserved_count(env) == 2, scaled(5))
     env.backend.unserved, env.backend.devices = [], ["dev-0"]
     env.backend.events.put_nowait(DevicesChanged("the driver is there"))
-    await wait_until(lambda: env.published() == ["dev-0"], 5)
+    await wait_until(lambda: env.published() == ["dev-0"], scaled(5))
     assert env.driver.unserved() == []
     assert unserved_count(env) == 0
 
@@ -283,10 +284,10 @@ async def test_hardware_a_backend_cannot_serve_is_reported_until_it_can(make_env
 
 async def test_events_for_devices_of_others_are_ignored(make_env: Callable[..., Any]) -> None:
     env: Env = await make_env()
-    await asyncio.wait_for(env.driver.published.wait(), 5)
+    await asyncio.wait_for(env.driver.published.wait(), scaled(5))
     env.backend.events.put_nowait(HealthEvent("not-mine", Health.UNHEALTHY, "?", "xid"))
     env.backend.events.put_nowait(HealthEvent("dev-0", Health.UNHEALTHY, "marker", "ecc"))
-    await wait_until(lambda: env.driver.board.state("dev-0").health is Health.UNHEALTHY, 3)
+    await wait_until(lambda: env.driver.board.state("dev-0").health is Health.UNHEALTHY, scaled(3))
     assert list(env.driver.board.unhealthy()) == ["dev-0"]
     assert "not-mine" not in env.driver.board.states()
 
@@ -295,12 +296,12 @@ async def test_a_failing_health_stream_marks_devices_unknown_and_is_followed_aga
         make_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("agent.driver.RETRY_SECONDS", 0.3)
     env: Env = await make_env()
-    await asyncio.wait_for(env.driver.published.wait(), 5)
+    await asyncio.wait_for(env.driver.published.wait(), scaled(5))
     env.backend.events.put_nowait(RuntimeError("NVML crashed"))
-    await wait_until(lambda: env.driver.board.state("dev-0").health is Health.UNKNOWN, 3)
+    await wait_until(lambda: env.driver.board.state("dev-0").health is Health.UNKNOWN, scaled(3))
     assert "health monitoring of backend scripted failed: NVML crashed" in env.driver.board.state("dev-0").reason
-    await wait_until(lambda: env.backend.streams == 2, 3)
+    await wait_until(lambda: env.backend.streams == 2, scaled(3))
     for device in ("dev-0", "dev-1", "dev-2"):
         env.backend.events.put_nowait(HealthEvent(device, Health.HEALTHY))
-    await wait_until(lambda: not env.driver.board.unhealthy(), 3)
-    await wait_until(lambda: env.taints() == {}, 3)
+    await wait_until(lambda: not env.driver.board.unhealthy(), scaled(3))
+    await wait_until(lambda: env.taints() == {}, scaled(3))

@@ -27,9 +27,10 @@ from simulator.node.profile import load_profile
 from simulator.nvml.control import request
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 from tests.cdi_schema import cdi_schema_errors
+from tests.timing import scaled
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
-START = 60.0  # seconds an agent process gets to start and publish on a loaded machine
+START = scaled(60.0)  # seconds an agent process gets to start and publish on a loaded machine
 VERSION = "580.95.05"
 LIBRARIES = "/usr/lib/x86_64-linux-gnu"
 RETRY = {"DRA_AGENT_BACKEND_CONFIG": json.dumps({"nvidia-gpu": {"nvmlRetrySeconds": 1}})}
@@ -174,10 +175,9 @@ async def test_gpus_without_usable_nvml_are_an_error_the_operator_sees_until_nvm
             install_driver(run.root, load_profile(str(profile)).nvidia, [0])
         await wait_until(lambda: run.slices(GPU), timeout=START)
         await run.kubelet.wait_for_plugin(GPU, timeout=START)
-        for _ in range(100):  # the readiness follows the publication
-            if (await run.get("/readyz"))[0] == 200:
-                break
-            await asyncio.sleep(0.1)
+        async with asyncio.timeout(scaled(10)):  # the readiness follows the publication
+            while (await run.get("/readyz"))[0] != 200:  # noqa: ASYNC110 - another process: poll its endpoint
+                await asyncio.sleep(0.05)
         assert await run.get("/readyz") == (200, "ready\n")
         _, metrics = await run.get("/metrics")
         assert 'dra_agent_unserved_devices{backend="nvidia-gpu",driver="gpu.nvidia.com"} 0.0' in metrics

@@ -21,14 +21,16 @@ from agent.slices.taints import TaintPolicy
 from backends.contract import ClaimRef, Health
 from simulator.apiserver.server import TestApiServer
 from tests.agent_env import wait_until
+from tests.timing import scaled
 
 NODE, DRIVER, POD_UID = "node-a", "gpu.nvidia.com", "3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b"
 CLAIM = ClaimRef("0b6f0c52-9d6f-4d4e-9c1e-2a1f0d1f7e11", "team-a", "my-claim")
 EVENTS = "/apis/events.k8s.io/v1/namespaces/*/events"
-WAIT = 10.0
+WAIT = scaled(10.0)
 """Seconds an outcome that needs no real-time wait may take on a loaded machine."""
-# Retries without real waits worth the name; a heartbeat of 0 writes every repeat.
-FAST = Pacing(heartbeat=0.0, backoff=0.01, backoff_max=0.05, request_timeout=2.0)
+# Retries without real waits worth the name; a heartbeat of 0 writes every repeat. The tests count requests, so
+# a request must never time out: its timeout stretches with the time factor.
+FAST = Pacing(heartbeat=0.0, backoff=0.01, backoff_max=0.05, request_timeout=scaled(2.0))
 
 
 @dataclass
@@ -60,7 +62,7 @@ async def make_env(scratch: Path) -> AsyncIterator[Callable[..., Any]]:
 
     yield make
     for server, kube, recorder in made:
-        await recorder.stop(timeout=0.5)
+        await recorder.stop(timeout=scaled(0.5))
         await kube.close()
         await server.close()
 
@@ -122,7 +124,7 @@ async def test_between_heartbeats_the_count_waits_and_the_shutdown_writes_it(mak
     for _ in range(3):
         env.recorder.prepare_failed(DRIVER, CLAIM, "no such device")
     patches = env.server.count_requests("PATCH", EVENTS + "/*")
-    await asyncio.sleep(0.2)  # nothing to wait for: the writer holds the count back until the heartbeat
+    await asyncio.sleep(scaled(0.2))  # a window: the writer holds the count back until the heartbeat
     assert env.events()[0]["series"]["count"] == 2 and env.server.count_requests("PATCH", EVENTS + "/*") == patches
     assert env.sample("dra_agent_events_pending") == 1
     await env.recorder.stop()
@@ -209,7 +211,8 @@ async def test_a_write_is_given_up_after_its_attempts(make_env: Callable[..., An
 
 
 async def test_a_hanging_server_is_a_failure_after_the_request_timeout(make_env: Callable[..., Any]) -> None:
-    env: Env = await make_env(Pacing(request_timeout=0.2, backoff=0.01, backoff_max=0.02))
+    # Long enough for a request the server answers, on a busy machine too; the held one hangs for an hour.
+    env: Env = await make_env(Pacing(request_timeout=scaled(1.0), backoff=0.01, backoff_max=0.02))
     hang = env.server.delay("POST", EVENTS, 3600.0, times=1)
     env.recorder.prepare_failed(DRIVER, CLAIM, "no such device")
     await wait_until(lambda: env.events(), timeout=WAIT)  # the second attempt is not held
@@ -267,6 +270,6 @@ async def test_the_queue_drops_its_oldest_beyond_its_bound(make_env: Callable[..
     assert [e.body["note"] for e in env.recorder._pending] == ["queued 2", "queued 3", "queued 4"]
     assert env.sample("dra_agent_events_pending") == 3
     async with asyncio.timeout(WAIT):  # the flush gives up at its deadline though the server still hangs
-        await env.recorder.stop(timeout=0.2)
+        await env.recorder.stop(timeout=scaled(0.2))
     assert env.sample("dra_agent_events_dropped_total", cause="stopped") == 4  # three queued, one in flight
     env.recorder.node_event("Warning", "Reason", "Act", "after the stop")  # ignored, no error

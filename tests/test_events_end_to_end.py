@@ -21,12 +21,13 @@ from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
+from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
 EVENTS = "/apis/events.k8s.io/v1/namespaces/*/events"
 MISSING = "gpu-0000-ff-00-0"
 NOT_OURS = f"device {MISSING} is not a device of driver {GPU} on this node"
-WAIT = 30.0
+WAIT = scaled(30.0)
 """Seconds an outcome may take on a loaded machine (an agent process starts, a retry comes round)."""
 
 
@@ -45,7 +46,7 @@ class Node:
         return [e for e in self.server.events() if e["regarding"].get("name") == claim]
 
     def metric(self, sample: str) -> float:
-        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=scaled(5)) as response:
             for line in response.read().decode().splitlines():
                 if line.startswith(sample + " "):
                     return float(line.rpartition(" ")[2])

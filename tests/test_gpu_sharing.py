@@ -27,6 +27,7 @@ from tests.agent_env import (
     simulated_nvml,
     two_agents,
 )
+from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
 DEVICE, BUS_ID = "gpu-0000-18-00-0", "0000:18:00.0"
@@ -159,7 +160,7 @@ async def test_a_crash_after_the_mode_changed_is_undone_at_restart(scratch: Path
         crashing, restarted = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         ref = allocate(server, "shared", [("gpu", GPU, DEVICE)], gpu_config(EXCLUSIVE))
         with pytest.raises(KubeletError):
             await plugin.prepare([ref])
@@ -184,7 +185,7 @@ async def test_at_start_a_mode_set_for_a_claim_no_longer_held_is_put_back(scratc
         first, second = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         ref = allocate(server, "shared", [("gpu", GPU, DEVICE)], gpu_config(EXCLUSIVE))
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed

@@ -22,6 +22,7 @@ from simulator.kubelet_connection import Plugin
 from simulator.nvml.control import request
 from simulator.udev.hotplug import UdevInjector
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
+from tests.timing import scaled
 from tests.udev_env import preload_env
 
 GPU = "gpu.nvidia.com"
@@ -67,7 +68,7 @@ class Node:
 
     def metrics(self) -> dict[str, float]:
         """The agent's /metrics samples, by their text form (`name{labels}`)."""
-        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=scaled(5)) as response:
             text = response.read().decode()
         samples = {}
         for line in text.splitlines():
@@ -103,11 +104,11 @@ async def node(scratch: Path) -> AsyncIterator[Node]:
         kubelet = await stack.enter_async_context(KubeletSimulator(settings.registry_dir))
         result = Node(server, kubelet, agent, settings.sim_root, str(settings.metrics_address))
         try:
-            await kubelet.wait_for_plugin(GPU, timeout=30)
-            await kubelet.wait_for_plugin(NIC, timeout=30)
-            await wait_until(lambda: result.devices(GPU) and result.devices(NIC), timeout=30)
+            await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
+            await kubelet.wait_for_plugin(NIC, timeout=scaled(30))
+            await wait_until(lambda: result.devices(GPU) and result.devices(NIC), timeout=scaled(30))
             # Watching has begun once NVML has every GPU registered for its events.
-            await wait_until(lambda: all(g["registered_events"] for g in result.nvml_list()), timeout=30)
+            await wait_until(lambda: all(g["registered_events"] for g in result.nvml_list()), timeout=scaled(30))
         except BaseException:
             print(agent.output())
             raise
@@ -133,13 +134,13 @@ async def prepare_error(node: Node, plugin: Plugin, name: str, driver: str, devi
 async def test_xid_79_taints_the_gpu_refuses_prepares_until_it_is_reset(node: Node) -> None:
     plugin = node.kubelet.plugin(GPU)
     everything = node.devices(GPU)
-    await node.kubelet.wait_for_health(GPU, health_is(everything, HealthStatus.HEALTHY), timeout=10)
+    await node.kubelet.wait_for_health(GPU, health_is(everything, HealthStatus.HEALTHY), timeout=scaled(10))
 
     assert node.nvml("xid", "0", xid=79)["delivered"] >= 1
-    view = await node.kubelet.wait_for_health(GPU, health_is({WHOLE_GPU}, HealthStatus.UNHEALTHY), timeout=5)
+    view = await node.kubelet.wait_for_health(GPU, health_is({WHOLE_GPU}, HealthStatus.UNHEALTHY), timeout=scaled(5))
     assert view[(NODE, WHOLE_GPU)].message == "Xid 79: GPU has fallen off the bus"
     assert health_is(everything - {WHOLE_GPU}, HealthStatus.HEALTHY)(view), "only the failed GPU"
-    await wait_until(lambda: node.taints(GPU) == {WHOLE_GPU: [(f"{GPU}/xid", "79", "NoSchedule")]}, timeout=5)
+    await wait_until(lambda: node.taints(GPU) == {WHOLE_GPU: [(f"{GPU}/xid", "79", "NoSchedule")]}, timeout=scaled(5))
     error = await prepare_error(node, plugin, "after-xid", GPU, WHOLE_GPU)
     assert error == f"not prepared, unhealthy device(s): {WHOLE_GPU}: Xid 79: GPU has fallen off the bus"
     metrics = node.metrics()
@@ -149,20 +150,20 @@ async def test_xid_79_taints_the_gpu_refuses_prepares_until_it_is_reset(node: No
     assert metrics[f'dra_agent_health_stream_clients{{driver="{GPU}"}}'] == 1
     assert metrics[f'dra_agent_node_requests_total{{driver="{GPU}",operation="prepare",outcome="error"}}'] == 1
 
-    await wait_until(lambda: node.node_events("DeviceUnhealthy"), timeout=5)
+    await wait_until(lambda: node.node_events("DeviceUnhealthy"), timeout=scaled(5))
     (tainted,) = node.node_events("DeviceUnhealthy")
     assert tainted["type"] == "Warning"
     assert tainted["note"] == (f"Device {WHOLE_GPU} of driver {GPU} is unhealthy: Xid 79: GPU has fallen off the "
                                f"bus; tainted {GPU}/xid=79:NoSchedule")
-    await wait_until(lambda: [e for e in node.server.events() if e["reason"] == "PrepareFailed"], timeout=5)
+    await wait_until(lambda: [e for e in node.server.events() if e["reason"] == "PrepareFailed"], timeout=scaled(5))
     (refused,) = [e for e in node.server.events() if e["reason"] == "PrepareFailed"]
     assert refused["regarding"]["name"] == "after-xid" and error in refused["note"]
 
     node.nvml("reset", "0")
-    await node.kubelet.wait_for_health(GPU, health_is(everything, HealthStatus.HEALTHY), timeout=10)
-    await wait_until(lambda: node.taints(GPU) == {}, timeout=5)
+    await node.kubelet.wait_for_health(GPU, health_is(everything, HealthStatus.HEALTHY), timeout=scaled(10))
+    await wait_until(lambda: node.taints(GPU) == {}, timeout=scaled(5))
     assert await prepare_error(node, plugin, "after-reset", GPU, WHOLE_GPU) == ""
-    await wait_until(lambda: node.node_events("DeviceRecovered"), timeout=5)
+    await wait_until(lambda: node.node_events("DeviceRecovered"), timeout=scaled(5))
     (recovered,) = node.node_events("DeviceRecovered")
     assert recovered["type"] == "Normal"
     assert recovered["note"] == f"Device {WHOLE_GPU} of driver {GPU} is healthy again; taint {GPU}/xid=79:NoSchedule " \
@@ -174,13 +175,13 @@ async def test_xid_79_on_a_mig_gpu_makes_its_mig_devices_unhealthy(node: Node) -
     migs = {d for d in node.devices(GPU) if d.startswith(MIG_PREFIX)}
     assert len(migs) == 3
     node.nvml("xid", "1", xid=79)
-    view = await node.kubelet.wait_for_health(GPU, health_is(migs, HealthStatus.UNHEALTHY), timeout=5)
+    view = await node.kubelet.wait_for_health(GPU, health_is(migs, HealthStatus.UNHEALTHY), timeout=scaled(5))
     assert view[(NODE, WHOLE_GPU)].health == HealthStatus.HEALTHY
-    await wait_until(lambda: set(node.taints(GPU)) == migs, timeout=5)
+    await wait_until(lambda: set(node.taints(GPU)) == migs, timeout=scaled(5))
     assert all(t == [(f"{GPU}/xid", "79", "NoSchedule")] for t in node.taints(GPU).values())
     node.nvml("reset", "1")
-    await node.kubelet.wait_for_health(GPU, health_is(migs, HealthStatus.HEALTHY), timeout=10)
-    await wait_until(lambda: node.taints(GPU) == {}, timeout=5)
+    await node.kubelet.wait_for_health(GPU, health_is(migs, HealthStatus.HEALTHY), timeout=scaled(10))
+    await wait_until(lambda: node.taints(GPU) == {}, timeout=scaled(5))
 
 
 async def test_an_ignored_xid_is_logged_at_info_and_taints_nothing(node: Node) -> None:
@@ -189,12 +190,12 @@ async def test_an_ignored_xid_is_logged_at_info_and_taints_nothing(node: Node) -
     def logged() -> list[dict[str, Any]]:
         return [r for r in node.log_lines() if r.get("event") == "GPU event changes no health"]
 
-    await wait_until(lambda: logged(), timeout=5)
+    await wait_until(lambda: logged(), timeout=scaled(5))
     assert logged()[0]["level"] == "info" and "13" in logged()[0]["detail"]
     # A later event proves the Xid 13 was handled before it, and changed nothing on the way.
     node.nvml("xid", "0", xid=48)
-    await node.kubelet.wait_for_health(GPU, health_is({WHOLE_GPU}, HealthStatus.UNHEALTHY), timeout=5)
-    await wait_until(lambda: WHOLE_GPU in node.taints(GPU), timeout=5)
+    await node.kubelet.wait_for_health(GPU, health_is({WHOLE_GPU}, HealthStatus.UNHEALTHY), timeout=scaled(5))
+    await wait_until(lambda: WHOLE_GPU in node.taints(GPU), timeout=scaled(5))
     assert node.taints(GPU) == {WHOLE_GPU: [(f"{GPU}/xid", "48", "NoSchedule")]}
 
 
@@ -202,24 +203,24 @@ async def test_pf_link_down_makes_its_vfs_unhealthy_and_up_healthy(node: Node) -
     plugin = node.kubelet.plugin(NIC)
     others = node.devices(NIC) - PF_VFS
     node.udev().link_down(PF_NETDEV)
-    view = await node.kubelet.wait_for_health(NIC, health_is(PF_VFS, HealthStatus.UNHEALTHY), timeout=5)
+    view = await node.kubelet.wait_for_health(NIC, health_is(PF_VFS, HealthStatus.UNHEALTHY), timeout=scaled(5))
     assert health_is(others, HealthStatus.HEALTHY)(view)
     assert PF_NETDEV in view[(NODE, sorted(PF_VFS)[0])].message
-    await wait_until(lambda: set(node.taints(NIC)) == PF_VFS, timeout=5)
+    await wait_until(lambda: set(node.taints(NIC)) == PF_VFS, timeout=scaled(5))
     error = await prepare_error(node, plugin, "on-a-dead-link", NIC, sorted(PF_VFS)[0])
     assert error.startswith("not prepared, unhealthy device(s)")
 
     node.udev().link_up(PF_NETDEV)
-    await node.kubelet.wait_for_health(NIC, health_is(PF_VFS, HealthStatus.HEALTHY), timeout=5)
-    await wait_until(lambda: node.taints(NIC) == {}, timeout=5)
+    await node.kubelet.wait_for_health(NIC, health_is(PF_VFS, HealthStatus.HEALTHY), timeout=scaled(5))
+    await wait_until(lambda: node.taints(NIC) == {}, timeout=scaled(5))
 
 
 async def test_pci_remove_of_a_nic_takes_its_vfs_out_of_the_slices_and_add_brings_them_back(node: Node) -> None:
     before = node.devices(NIC)
     assert before >= PF_VFS
     node.udev().pci_remove(PF)
-    await wait_until(lambda: node.devices(NIC) == before - PF_VFS, timeout=5)
+    await wait_until(lambda: node.devices(NIC) == before - PF_VFS, timeout=scaled(5))
     node.udev().pci_add(PF)
-    await wait_until(lambda: node.devices(NIC) == before, timeout=5)
-    view = await node.kubelet.wait_for_health(NIC, health_is(before, HealthStatus.HEALTHY), timeout=5)
+    await wait_until(lambda: node.devices(NIC) == before, timeout=scaled(5))
+    view = await node.kubelet.wait_for_health(NIC, health_is(before, HealthStatus.HEALTHY), timeout=scaled(5))
     assert len(view) >= len(before)

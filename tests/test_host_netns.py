@@ -28,10 +28,11 @@ from backends.sriov import SriovNicBackend
 from simulator.apiserver.server import TestApiServer
 from tests.agent_env import NODE, settings_for
 from tests.netns_env import EVENT_TIMEOUT, QUIET, Namespaces, ip, made_namespaces, netns_inode
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 SIOCGSKNS = 0x894C  # ioctl: a file of the network namespace a socket belongs to
-PUBLISH_TIMEOUT = 15.0
+PUBLISH_TIMEOUT = scaled(15.0)
 """Seconds for the agent to start and publish, or to publish a health change, on a loaded machine."""
 
 # The "mixed" node's first NIC: the PF's interface name, and its four VFs.

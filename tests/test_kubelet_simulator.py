@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -27,6 +29,7 @@ from agent.kubelet.services import (
 from backends.contract import ClaimRef
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import KubeletError, Plugin, RegistrationRefused
+from tests.timing import scaled
 
 DRIVER = "gpu.example.com"
 CLAIM_A = ClaimRef(uid="uid-a", namespace="ns", name="claim-a")
@@ -41,6 +44,7 @@ class FakeDriver:
 
     def __init__(self) -> None:
         self.statuses: list[tuple[bool, str]] = []
+        self.status_times: list[float] = []
         self.prepared: list[list[ClaimRef]] = []
         self.answer: Answer = lambda claims: {c.uid: ClaimResult() for c in claims}
         self.unprepare_answer: Callable[[Sequence[ClaimRef]], Mapping[str, str]] = lambda cs: {c.uid: "" for c in cs}
@@ -56,11 +60,19 @@ class FakeDriver:
 
     def registration_status(self, registered: bool, error: str) -> None:
         self.statuses.append((registered, error))
+        self.status_times.append(time.monotonic())
 
     async def watch(self) -> AsyncIterator[Sequence[DeviceHealthReport]]:
         self.stream_opened.append(asyncio.get_running_loop().time())
         while (reports := await self.reports.get()) is not None:
             yield reports
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for a condition of the channels or the plugin's sockets (nothing to await: poll)."""
+    async with asyncio.timeout(scaled(5)):
+        while not condition():  # noqa: ASYNC110 - gRPC channel states and socket scans have no event here
+            await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -188,10 +200,7 @@ async def test_newest_connected_instance_takes_the_calls(base: Path) -> None:
             assert sim.plugins(DRIVER) == [old, new]
             assert sim.plugin(DRIVER) is new
             await new_server.aclose()
-            for _ in range(250):  # the channels notice the stopped server within milliseconds
-                if old.connected and not new.connected:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: old.connected and not new.connected)  # the channels notice it within milliseconds
             assert sim.plugin(DRIVER) is old
 
 
@@ -202,17 +211,17 @@ async def test_wait_for_plugin_finds_a_socket_created_later_and_ignores_dot_file
     base: Path, servers: AsyncExitStack
 ) -> None:
     async with KubeletSimulator(base / "reg") as sim:
-        waiting = asyncio.create_task(sim.wait_for_plugin(DRIVER, timeout=5))
-        await asyncio.sleep(0.1)
+        waiting = asyncio.create_task(sim.wait_for_plugin(DRIVER, timeout=scaled(5)))
+        await asyncio.sleep(scaled(0.1))  # the registry scanned a few times before any socket is there
         assert not waiting.done()
         hidden, _ = await serve(servers, base / "reg" / ".hidden-reg.sock", name="hidden.example.com")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(scaled(0.1))  # scans that see the hidden socket
         # In a sub-directory created after watching started.
         driver, endpoint = await serve(servers, base / "reg" / "sub" / "gpu-reg.sock")
         plugin = await waiting
         assert (plugin.endpoint, plugin.version) == (endpoint, "v1")
         assert driver.statuses == [(True, "")]
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(scaled(0.1))  # a window in which the hidden socket must not be registered
         assert hidden.statuses == []
         assert sim.plugins("hidden.example.com") == []
 
@@ -220,10 +229,10 @@ async def test_wait_for_plugin_finds_a_socket_created_later_and_ignores_dot_file
 async def test_removing_the_registration_socket_deregisters(base: Path, servers: AsyncExitStack) -> None:
     await serve(servers, base / "reg" / "gpu-reg.sock")
     async with KubeletSimulator(base / "reg") as sim:
-        plugin = await sim.wait_for_plugin(DRIVER, timeout=5)
+        plugin = await sim.wait_for_plugin(DRIVER, timeout=scaled(5))
         assert sim.plugins(DRIVER) == [plugin]
         (base / "reg" / "gpu-reg.sock").unlink()
-        await sim.deregistered(DRIVER, timeout=5)
+        await sim.deregistered(DRIVER, timeout=scaled(5))
         assert sim.plugins(DRIVER) == []
         with pytest.raises(KubeletError, match="not registered"):
             sim.plugin(DRIVER)
@@ -232,14 +241,11 @@ async def test_removing_the_registration_socket_deregisters(base: Path, servers:
 async def test_a_socket_re_created_at_the_same_path_registers_anew(base: Path) -> None:
     async with AsyncExitStack() as first, AsyncExitStack() as second, KubeletSimulator(base / "reg") as sim:
         await serve(first, base / "reg" / "gpu-reg.sock")
-        old = await sim.wait_for_plugin(DRIVER, timeout=5)
+        old = await sim.wait_for_plugin(DRIVER, timeout=scaled(5))
         await first.aclose()
         (base / "reg" / "gpu-reg.sock").unlink(missing_ok=True)
         driver, endpoint = await serve(second, base / "reg" / "gpu-reg.sock")  # same paths, new files
-        for _ in range(250):
-            if driver.statuses:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: bool(driver.statuses))
         assert driver.statuses == [(True, "")]  # not refused as "already registered"
         (new,) = sim.plugins(DRIVER)
         assert new is not old and new.endpoint == old.endpoint == endpoint
@@ -269,8 +275,11 @@ async def test_refusals_are_retried_and_reported_on_timeout(base: Path, servers:
     driver, _ = await serve(servers, base / "reg" / "gpu-reg.sock", versions=("v1.DRAPlugin",))
     async with KubeletSimulator(base / "reg", dra_versions=V1BETA1_ONLY) as sim:
         with pytest.raises(TimeoutError, match="none of the versions"):
-            await sim.wait_for_plugin(DRIVER, timeout=0.8)
-        assert [s[0] for s in driver.statuses] == [False, False]  # at once, then 0.5 s later
+            await sim.wait_for_plugin(DRIVER, timeout=scaled(0.8))
+        assert len(driver.statuses) >= 2 and not any(registered for registered, _ in driver.statuses)
+        # At once, then 0.5 s later, then twice as long each time.
+        gaps = [later - earlier for earlier, later in itertools.pairwise(driver.status_times)]
+        assert all(gap >= 0.5 * 2**i for i, gap in enumerate(gaps)), gaps
 
 
 # --- prepare and unprepare ----------------------------------------------------------------------------------
@@ -385,7 +394,7 @@ async def test_health_stream_end_clears_and_reconnects_after_the_delay(base: Pat
         assert len(driver.stream_opened) == 1
 
         driver.reports.put_nowait([DeviceHealthReport("p", "gpu-1", HealthStatus.HEALTHY)])
-        state = await sim.wait_for_health(DRIVER, lambda s: bool(s), timeout=3)
+        state = await sim.wait_for_health(DRIVER, lambda s: bool(s), timeout=scaled(3))
         assert list(state) == [("p", "gpu-1")]
         assert len(driver.stream_opened) == 2
         assert driver.stream_opened[1] - cleared >= 0.25
@@ -401,7 +410,7 @@ async def test_no_health_stream_unless_advertised_and_enabled(
     driver, _ = await serve(servers, base / "reg" / "gpu-reg.sock", versions=versions)
     async with KubeletSimulator(base / "reg", health=health) as sim:
         await sim.register(base / "reg" / "gpu-reg.sock")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(scaled(0.2))  # a window in which no stream may be opened
         assert driver.stream_opened == []
 
 
@@ -412,5 +421,5 @@ async def test_raw_health_stream(base: Path, servers: AsyncExitStack) -> None:
     driver.reports.put_nowait(None)
     async with KubeletSimulator(base / "reg", health=False) as sim:
         plugin = await sim.register(base / "reg" / "gpu-reg.sock")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(scaled(5)):
             assert [reports async for reports in plugin.health()] == [[report]]

@@ -36,6 +36,7 @@ from tests.agent_env import agent_in_process, allocate, lose_claims, plugin_afte
 from tests.mig_env import DYNAMIC, dgx_h100_in_mig_mode
 from tests.slice_checks import assert_valid_slices
 from tests.surge_env import made_on_node
+from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
 
@@ -176,7 +177,7 @@ async def test_a_crash_while_making_a_mig_device_is_undone_at_restart(scratch: P
         server, settings, kubelet = run.server, run.settings, run.kubelet
         crashing, restarted = run.first, run.second
         assert settings.sim_root is not None
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         device = "gpu-0000-18-00-0-mig-1g10gb-19-2"
         ref = allocate(server, "train", [("mig", GPU, device)])
         with pytest.raises(KubeletError):
@@ -237,7 +238,7 @@ async def test_at_start_mig_devices_no_claim_holds_any_more_are_destroyed(scratc
         server, settings, kubelet = run.server, run.settings, run.kubelet
         first, second = run.first, run.second
         assert settings.sim_root is not None
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         ref = allocate(server, "train", [("mig", GPU, "gpu-0000-18-00-0-mig-2g20gb-14-2")])
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed

@@ -28,6 +28,7 @@ from tests.agent_env import (
     two_agents,
 )
 from tests.mig_env import DYNAMIC, dgx_h100_in_mig_mode
+from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
 WHOLE, BUS_ID = "gpu-0000-18-00-0", "0000:18:00.0"
@@ -159,7 +160,7 @@ async def test_a_crash_while_taking_the_whole_gpu_is_undone_at_restart(scratch: 
         crashing, restarted = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         ref = allocate(server, "whole", [("gpu", GPU, WHOLE)])
         with pytest.raises(KubeletError):
             await plugin.prepare([ref])
@@ -186,7 +187,7 @@ async def test_at_start_a_gpu_held_whole_for_a_claim_no_longer_held_goes_back_to
         first, second = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         ref = allocate(server, "whole", [("gpu", GPU, WHOLE)])
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed

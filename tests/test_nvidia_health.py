@@ -27,6 +27,7 @@ from backends.nvidia.mig import NvidiaMigBackend
 from backends.topology import TopologyReader, device_name
 from simulator.node.node import SimulatedNode
 from simulator.nvml.events import SUPPORTED_EVENTS
+from tests.timing import scaled
 
 Item = HealthEvent | DevicesChanged
 Nvidia = NvidiaGpuBackend | NvidiaMigBackend
@@ -58,10 +59,10 @@ class Watching:
     queue: asyncio.Queue[tuple[str, Item]] = field(default_factory=asyncio.Queue)
     devices: dict[str, list[str]] = field(default_factory=dict)
 
-    async def next(self, timeout: float = 5.0) -> tuple[str, Item]:
+    async def next(self, timeout: float = scaled(5.0)) -> tuple[str, Item]:
         return await asyncio.wait_for(self.queue.get(), timeout)
 
-    async def collect(self, count: int, timeout: float = 5.0) -> dict[str, Item]:
+    async def collect(self, count: int, timeout: float = scaled(5.0)) -> dict[str, Item]:
         """The next `count` items, by device name (DevicesChanged under its reason)."""
         found: dict[str, Item] = {}
         for _ in range(count):
@@ -70,7 +71,8 @@ class Watching:
         return found
 
     async def quiet(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        """Nothing comes for `seconds` (a window that is the point: stretched by the time factor)."""
+        await asyncio.sleep(scaled(seconds))
         assert self.queue.empty(), self.queue.get_nowait()
 
     def xids(self, code: int) -> float:
@@ -80,7 +82,7 @@ class Watching:
         return device_name("gpu", self.node.nvml.gpus[index].bus_id)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(predicate: Callable[[], bool], timeout: float = scaled(5.0)) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 - the condition lives in another thread's NVML state
             await asyncio.sleep(0.01)
@@ -116,7 +118,7 @@ async def watching(node: SimulatedNode, *kinds: type[Nvidia], **config: Any) -> 
     finally:
         for backend in backends:
             await backend.stop()
-        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        await asyncio.wait_for(asyncio.gather(*tasks), scaled(5))
 
 
 @pytest.fixture
@@ -154,7 +156,7 @@ async def test_a_reset_gpu_comes_back_on_the_timer(t4x2: SimulatedNode) -> None:
         assert isinstance(event, HealthEvent) and event.health is Health.UNHEALTHY
         await w.quiet(0.5)  # probed on the timer, still lost
         t4x2.nvml.reset_gpu(0)
-        _, event = await w.next(timeout=3)
+        _, event = await w.next(timeout=scaled(3))
         assert event == HealthEvent(w.gpu(0), Health.HEALTHY, "NVML answers normally for the GPU again")
 
 
@@ -231,7 +233,7 @@ async def test_a_gpu_lost_before_watching_begins_is_reported_at_once(t4x2: Simul
     t4x2.nvml.set_lost(0)  # after discovery published it
     stream = backend.health()
     try:
-        event = await asyncio.wait_for(anext(stream), 5)
+        event = await asyncio.wait_for(anext(stream), scaled(5))
         assert event == HealthEvent(device_name("gpu", t4x2.nvml.gpus[0].bus_id), Health.UNHEALTHY,
                                     "GPU has fallen off the bus: NVML reports it lost", "gpu-lost")
     finally:
@@ -357,7 +359,7 @@ async def test_one_thread_for_both_backends_and_it_stops_promptly(sim_node: Call
         for backend in w.backends:
             await backend.stop()
         # Within one NVML wait, with room for a loaded machine.
-        assert time.monotonic() - started < watcher_module.WAIT_MS / 1000 + 1.5
+        assert time.monotonic() - started < watcher_module.WAIT_MS / 1000 + scaled(1.5)
         assert not _watcher_threads()
         assert watcher_module._shared is None
         assert node.nvml.registrations(0) == 0  # the event set is freed
@@ -369,12 +371,14 @@ async def test_one_thread_for_both_backends_and_it_stops_promptly(sim_node: Call
 
 async def test_no_nvml_work_but_waiting_while_all_is_healthy(t4x2: SimulatedNode) -> None:
     async with watching(t4x2, NvidiaGpuBackend) as w:
-        await asyncio.sleep(0.2)
+        await until(lambda: t4x2.nvml.call_count("nvmlEventSetWait_v2") >= 2)  # the watcher is in its loop
         before = {s: t4x2.nvml.call_count(s) for s in ("nvmlEventSetWait_v2", "nvmlDeviceGetHandleByUUID",
                                                        "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetHandleByIndex_v2")}
-        await asyncio.sleep(1.0)
+        window = scaled(1.0)  # the window is the point of the test: kept, and stretched
+        await asyncio.sleep(window)
         after = {s: t4x2.nvml.call_count(s) for s in before}
-        assert 7 <= after["nvmlEventSetWait_v2"] - before["nvmlEventSetWait_v2"] <= 12  # one per 100 ms wait
+        waits = after["nvmlEventSetWait_v2"] - before["nvmlEventSetWait_v2"]
+        assert 7 * window <= waits <= 12 * window  # one per 100 ms wait
         assert {s: after[s] - before[s] for s in before if s != "nvmlEventSetWait_v2"} == {
             "nvmlDeviceGetHandleByUUID": 0, "nvmlDeviceGetMemoryInfo": 0, "nvmlDeviceGetHandleByIndex_v2": 0}
         assert w.queue.empty()
@@ -391,7 +395,7 @@ async def test_health_ends_when_the_backend_stops_even_unread(t4x2: SimulatedNod
     reader = asyncio.create_task(anext(stream, None))
     await until(lambda: t4x2.nvml.registrations(0) != 0)
     await backend.stop()
-    assert await asyncio.wait_for(reader, 2) is None
+    assert await asyncio.wait_for(reader, scaled(2)) is None
     assert not _watcher_threads()
 
 

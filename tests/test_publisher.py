@@ -23,6 +23,7 @@ from backends.contract import CounterConsumption, CounterSet, Device
 from simulator.apiserver.server import TestApiServer
 from tests.agent_env import wait_until
 from tests.slice_checks import assert_valid_slices
+from tests.timing import scaled
 
 NODE, GPU, NIC = "node-a", "gpu.example.com", "nic.example.com"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -83,7 +84,7 @@ async def make_env(scratch: Path) -> AsyncIterator[Callable[..., Any]]:
 
 
 async def published(env: Env, inventory: Inventory) -> None:
-    await asyncio.wait_for(env.publisher.publish(inventory.driver, inventory.build).wait(), 10)
+    await asyncio.wait_for(env.publisher.publish(inventory.driver, inventory.build).wait(), scaled(10))
 
 
 def in_sync(env: Env, inventory: Inventory) -> Callable[[], bool]:
@@ -119,12 +120,12 @@ async def test_the_owner_is_added_once_the_node_can_be_read(make_env: Callable[.
     inventory = Inventory(GPU, devices(3))
     with capture_logs() as logs:
         await published(env, inventory)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(scaled(0.5))  # a window of owner retries (each 0.3 s) that may not add it or log again
         assert not any(s["metadata"].get("ownerReferences") for s in env.slices()), "published without waiting"
         env.server.clear_faults()
         node_uid = env.server.get_object("nodes", NODE)["metadata"]["uid"]
         await wait_until(lambda: all(s["metadata"].get("ownerReferences", [{}])[0].get("uid") == node_uid
-                                     for s in env.slices()), 5)
+                                     for s in env.slices()), scaled(5))
     assert [e["event"] for e in logs].count("cannot read the Node; slices are published without an owner for now") == 1
     assert {s["spec"]["pool"]["generation"] for s in env.slices()} == {0}, "metadata only: no new generation"
 
@@ -154,36 +155,36 @@ async def test_outside_deletes_and_edits_are_repaired_quickly(make_env: Callable
     victim = env.slices()[1]["metadata"]["name"]
     started = time.monotonic()
     env.server.delete_object("resourceslices", victim)
-    await wait_until(lambda: victim not in [s["metadata"]["name"] for s in env.slices()] and repaired(), 2)
+    await wait_until(lambda: victim not in [s["metadata"]["name"] for s in env.slices()] and repaired(), scaled(2))
     one = time.monotonic() - started
 
     started = time.monotonic()
     for obj in env.slices():  # what the kubelet does when it starts
         env.server.delete_object("resourceslices", obj["metadata"]["name"])
-    await wait_until(repaired, 2)
+    await wait_until(repaired, scaled(2))
     everything = time.monotonic() - started
 
     edited = env.slices()[0]
     edited["spec"]["devices"][3]["attributes"]["index"] = {"int": -7}
     env.server.put_object("resourceslices", edited)
     started = time.monotonic()
-    await wait_until(lambda: env.slices()[0]["spec"]["devices"][3]["attributes"]["index"] == {"int": 3}, 2)
+    await wait_until(lambda: env.slices()[0]["spec"]["devices"][3]["attributes"]["index"] == {"int": 3}, scaled(2))
     edit = time.monotonic() - started
-    assert max(one, everything, edit) < 2
+    assert max(one, everything, edit) < scaled(2)
 
 
 async def test_one_changed_device_costs_one_write(make_env: Callable[..., Any]) -> None:
     env = await make_env()
     inventory = Inventory(GPU, devices(300))
     await published(env, inventory)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(scaled(0.3))  # the publisher's own watch events have come in
     before = time.monotonic()
     inventory.devices[200] = Device(name="dev-0200", attributes={"index": 200, "note": "changed"},
                                     capacity={"memory": 80 << 30})
     env.publisher.publish(GPU, inventory.build)
     await wait_until(lambda: any(d.get("attributes", {}).get("note") for s in env.slices()
-                                 for d in s["spec"]["devices"]), 2)
-    await asyncio.sleep(0.5)
+                                 for d in s["spec"]["devices"]), scaled(2))
+    await asyncio.sleep(scaled(0.5))  # a window in which no other write may follow
     assert env.writes(before) == 1, "one PUT of the one slice that holds the device, no generation bump"
     assert {s["spec"]["pool"]["generation"] for s in env.slices()} == {0}
 
@@ -194,7 +195,7 @@ async def test_a_new_device_bumps_the_generation(make_env: Callable[..., Any]) -
     await published(env, inventory)
     inventory.devices.append(Device(name="dev-9999"))
     env.publisher.publish(GPU, inventory.build)
-    await wait_until(in_sync(env, inventory), 2)
+    await wait_until(in_sync(env, inventory), scaled(2))
     assert {s["spec"]["pool"]["generation"] for s in env.slices()} == {1}
     assert_valid_slices(env.slices())
 
@@ -205,9 +206,9 @@ async def test_no_writes_at_idle(make_env: Callable[..., Any]) -> None:
     inventories = [Inventory(GPU, devices(300)), Inventory(NIC, devices(64))]
     for inventory in inventories:
         await published(env, inventory)
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(scaled(0.5))  # the publisher's own watch events have come in
     window = time.monotonic()
-    await asyncio.sleep(60)
+    await asyncio.sleep(scaled(60))  # the idle minute is the point of the test: kept, and stretched
     requests = env.server.find_requests(since=window)
     assert env.writes(window) == 0
     assert len(requests) == 0, f"at idle the agent only renews its watches (every 5 min or more): {requests}"
@@ -217,7 +218,7 @@ async def test_relist_after_an_expired_watch_writes_nothing(make_env: Callable[.
     env = await make_env()
     inventory = Inventory(GPU, devices(10))
     await published(env, inventory)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(scaled(0.3))  # the publisher's own watch events have come in
     before = time.monotonic()
     # Other changes move the server's resourceVersion on; compacting its history then makes the one our
     # watch resumes from too old: the server answers 410 Gone and the publisher must list again.
@@ -227,8 +228,8 @@ async def test_relist_after_an_expired_watch_writes_nothing(make_env: Callable[.
     env.server.drop_watches()
     lists = lambda: [r for r in env.server.find_requests("GET", SLICES, since=before)  # noqa: E731
                      if "watch" not in r.query]
-    await wait_until(lambda: len(lists()) >= 1, 5)
-    await asyncio.sleep(0.5)
+    await wait_until(lambda: len(lists()) >= 1, scaled(5))
+    await asyncio.sleep(scaled(0.5))  # a window in which the relist may not lead to a write
     assert env.writes(before) == 0
 
 
@@ -242,12 +243,12 @@ async def test_faults_converge_and_the_publisher_stays_up(make_env: Callable[...
     env.server.fail("PUT", SLICES + "/*", 409, times=6)  # a storm of conflicts
     inventory.devices[0] = Device(name="dev-0000", attributes={"index": 0, "v": 2}, capacity={"memory": 1})
     env.publisher.publish(GPU, inventory.build)
-    await wait_until(lambda: env.slices()[0]["spec"]["devices"][0]["attributes"].get("v") == {"int": 2}, 10)
+    await wait_until(lambda: env.slices()[0]["spec"]["devices"][0]["attributes"].get("v") == {"int": 2}, scaled(10))
 
     env.server.drop_watches(reset=True)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(scaled(0.2))  # most likely while the publisher watches anew; before is repaired as well
     env.server.delete_object("resourceslices", env.slices()[2]["metadata"]["name"])
-    await wait_until(in_sync(env, inventory), 10)
+    await wait_until(in_sync(env, inventory), scaled(10))
 
 
 async def test_many_changes_of_our_own_are_never_slowed_down(make_env: Callable[..., Any]) -> None:
@@ -260,7 +261,7 @@ async def test_many_changes_of_our_own_are_never_slowed_down(make_env: Callable[
             down = flap % 2 == 0
             inventory.taints = {"dev-0001": [{"key": f"{GPU}/link-down", "effect": "NoSchedule"}]} if down else {}
             env.publisher.publish(GPU, inventory.build)
-            await wait_until(lambda d=down: bool(env.slices()[0]["spec"]["devices"][1].get("taints")) == d, 2)
+            await wait_until(lambda d=down: bool(env.slices()[0]["spec"]["devices"][1].get("taints")) == d, scaled(2))
     assert not [e for e in logs if e["event"].startswith("slices keep changing")]
 
 
@@ -282,15 +283,15 @@ async def test_a_writer_fighting_over_the_slices_slows_the_publisher_down(make_e
     start = time.monotonic()
     try:
         with capture_logs() as logs:
-            await wait_until(lambda: any(e["event"].startswith("slices keep changing") for e in logs), 10)
+            await wait_until(lambda: any(e["event"].startswith("slices keep changing") for e in logs), scaled(10))
             slowed_at = time.monotonic()
-            await asyncio.sleep(3)
+            await asyncio.sleep(scaled(3))  # the window of the backoff is the point of the test: kept, and stretched
     finally:
         fighter.cancel()
     # Ten repairs in quick succession, then a pause of a full backoff period instead of a hot loop.
     assert env.writes(since=start) <= 11
-    assert env.writes(since=slowed_at + 0.1) == 0
-    await wait_until(in_sync(env, inventory), 40)
+    assert env.writes(since=slowed_at + scaled(0.1)) == 0  # a write under way when the slowdown was logged
+    await wait_until(in_sync(env, inventory), scaled(40))
 
 
 @pytest.mark.slow
@@ -299,12 +300,12 @@ async def test_a_30_second_outage(make_env: Callable[..., Any]) -> None:
     inventory = Inventory(GPU, devices(300))
     await published(env, inventory)
     await env.server.refuse_connections(30)  # listens again 30 s from now
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(scaled(0.5))  # the publisher has most likely seen the outage (either way it recovers)
     inventory.devices.append(Device(name="dev-9999"))
     env.publisher.publish(GPU, inventory.build)
-    await wait_until(lambda: env.server.listening, 31)
+    await wait_until(lambda: env.server.listening, 30 + scaled(1))
     # After the outage, at most one backoff period (30 s, ±20 %) passes before the publisher is back.
-    await wait_until(in_sync(env, inventory), 37)
+    await wait_until(in_sync(env, inventory), 30 * 1.2 + scaled(1))
     assert all(not t.done() for p in env.publisher._pools.values() for t in p.tasks), "still running"
 
 
@@ -316,8 +317,8 @@ async def test_a_refused_slice_is_logged_and_other_pools_carry_on(make_env: Call
         gpu_done = env.publisher.publish(GPU, gpu.build)
         nic_done = env.publisher.publish(NIC, nic.build)
         await asyncio.wait([asyncio.ensure_future(gpu_done.wait()), asyncio.ensure_future(nic_done.wait())],
-                           timeout=5, return_when=asyncio.FIRST_COMPLETED)
-        await wait_until(lambda: any(e["event"].startswith("the API server refused a slice") for e in logs), 5)
+                           timeout=scaled(5), return_when=asyncio.FIRST_COMPLETED)
+        await wait_until(lambda: any(e["event"].startswith("the API server refused a slice") for e in logs), scaled(5))
     refused = next(e for e in logs if e["event"].startswith("the API server refused a slice"))
     assert "refused by policy" in refused["error"]
     assert "(slice 00000-" in refused["error"] and "devices dev-0001)" in refused["error"]
@@ -332,9 +333,9 @@ async def test_dropped_taints_are_reported_once_and_tainted_devices_left_out(mak
     inventory = Inventory(GPU, devices(5), taints={"dev-0002": [taint]})
     with capture_logs() as logs:
         await published(env, inventory)
-        await wait_until(lambda: env.names() == ["dev-0000", "dev-0001", "dev-0003", "dev-0004"], 5)
+        await wait_until(lambda: env.names() == ["dev-0000", "dev-0001", "dev-0003", "dev-0004"], scaled(5))
         before = time.monotonic()
-        await asyncio.sleep(1)
+        await asyncio.sleep(scaled(1))  # a window in which no write may be made
     assert env.writes(before) == 0, "no write loop over the dropped field"
     dropped = [e for e in logs if "dropped a ResourceSlice field" in e["event"]]
     assert len(dropped) == 1 and dropped[0]["gate"] == "DRADeviceTaints" and dropped[0]["field"] == "taints"
@@ -349,7 +350,7 @@ async def test_dgx_h100_with_64_vfs_per_pf(scratch: Path) -> None:
     async with agent_in_process(scratch, str(profile)) as env:
         for driver in env.agent.drivers.values():
             if driver.active:
-                await asyncio.wait_for(driver.published.wait(), 10)
+                await asyncio.wait_for(driver.published.wait(), scaled(10))
         slices = env.server.objects("resourceslices")
     assert_valid_slices(slices)
     by_driver: dict[str, list[dict[str, Any]]] = {}
@@ -379,7 +380,7 @@ async def test_stopping_mid_publish_leaves_no_write_unawaited(make_env: Callable
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         publisher.publish(GPU, Inventory(GPU, devices(300)).build)
-        await wait_until(lambda: bool(stopping), 10)
+        await wait_until(lambda: bool(stopping), scaled(10))
         await stopping[0]
         gc.collect()
     assert not [str(w.message) for w in caught if "never awaited" in str(w.message)]

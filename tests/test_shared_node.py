@@ -16,6 +16,7 @@ from simulator.node.variants import in_mig_mode
 from simulator.nvml.control import request
 from tests.agent_env import AgentProcess, allocate, wait_until
 from tests.surge_env import kernels, made_on_node, surge
+from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
 START = 60.0  # seconds two agent processes get to start on a loaded machine
@@ -38,7 +39,7 @@ async def test_one_kernel_and_one_gpu_state_serve_both_agents_and_outlive_the_fi
 
         await run.old.signal(signal.SIGKILL)  # no clean-up of any kind
         assert await run.old.wait() == -signal.SIGKILL
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(scaled(0.5))  # a window in which the kernel must not end: kept, and stretched
         assert kernels(run.root) == serving, "the kernel serves the new agent on"
         beside = allocate(run.server, "beside", [("mig", GPU, "gpu-0000-18-00-0-mig-1g10gb-19-3")])
         assert (await new.prepare([beside]))[beside.uid].error == ""
@@ -48,7 +49,7 @@ async def test_one_kernel_and_one_gpu_state_serve_both_agents_and_outlive_the_fi
 
         await run.new.signal(signal.SIGTERM)
         assert await run.new.wait() == 0
-        await wait_until(lambda: not kernels(run.root), timeout=15)  # nobody attached: it ended
+        await wait_until(lambda: not kernels(run.root), timeout=scaled(15))  # nobody attached: it ended
 
 
 async def test_an_injected_xid_reaches_the_event_sets_of_both_agents(scratch: Path) -> None:

@@ -14,6 +14,7 @@ from simulator.node.node import SimulatedNode
 from simulator.node.profile import NodeProfile, ProfileError, load_profile
 from simulator.udev.hotplug import UdevInjector
 from tests.agent_env import wait_until
+from tests.timing import scaled
 
 CARD = {"vendor": 0xACCE, "device": 0x0F01, "driver": "acme_fpga", "dev_nodes": ["acme/fpga{n}"],
         "char_class": "acme_fpga", "sysfs_attributes": {"bitstream": "factory"}}
@@ -91,7 +92,7 @@ def test_builtin_profiles_are_unchanged_by_generic_functions() -> None:
     assert isinstance(load_profile("mixed"), NodeProfile)
 
 
-def wait_until_sync(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+def wait_until_sync(predicate: Callable[[], bool], timeout: float = scaled(5.0)) -> None:
     """The simulated kernel reacts to a write a few milliseconds after it (see docs/simulated-node.md)."""
     import asyncio
 

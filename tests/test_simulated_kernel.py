@@ -15,6 +15,7 @@ from backends.topology import device_name
 from simulator.node.layout import PciFunction, plan_vf, vf_netdev
 from simulator.node.node import SimulatedNode
 from tests.node_tree_env import Tree, dangling_links, inventory, tree
+from tests.timing import scaled
 
 
 def write(path: Path, text: str) -> None:
@@ -25,9 +26,10 @@ def write(path: Path, text: str) -> None:
 
 def settle(condition: Callable[[], bool], what: str) -> None:
     """The kernel's effect lands shortly after close(): wait for it, within bounds."""
-    deadline = time.monotonic() + 2
+    limit = scaled(2)
+    deadline = time.monotonic() + limit
     while not condition():
-        assert time.monotonic() < deadline, f"not within 2 s: {what}"
+        assert time.monotonic() < deadline, f"not within {limit:g} s: {what}"
         time.sleep(0.01)
 
 
@@ -192,7 +194,7 @@ def test_uevents_reach_a_listener(sim_node: Callable[[str], SimulatedNode]) -> N
     pf = node.sysfs / "bus/pci/devices" / nic.bus_id
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
         listener.bind(str(node.root / "event3"))
-        listener.settimeout(2)
+        listener.settimeout(scaled(2))
 
         def receive(count: int) -> list[tuple[str, str, str, str | None]]:
             seen = []

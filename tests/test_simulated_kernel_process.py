@@ -20,6 +20,7 @@ from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
 from simulator.kernel.process import KernelProcess, KernelProcessError
 from simulator.node.node import simulated_node
 from simulator.node.profile import load_profile
+from tests.timing import scaled
 
 GPU_BDF = "0000:18:00.0"
 
@@ -32,14 +33,14 @@ def test_the_kernel_process_reacts_to_writes_as_the_thread_does(scratch: Path) -
     with simulated_node("dgx-h100", scratch / "node", kernel_process=True) as node:
         assert not any(t.name.startswith("simulated-kernel") for t in threading.enumerate())
         rebinder = Rebinder(node.sysfs)
-        rebinder.to_vfio(GPU_BDF, Deadline(10))
+        rebinder.to_vfio(GPU_BDF, Deadline(scaled(10)))
         assert driver(node.sysfs, GPU_BDF) == VFIO_PCI
         group = os.path.basename(os.readlink(node.sysfs / "bus/pci/devices" / GPU_BDF / "iommu_group"))
         assert (node.dev / "vfio" / group).exists()
         use_driver_root(DriverRoot(node.root, node.driver_root, node.dev))
         with nvml_session():  # the node's library: its calls are served by the kernel process
             assert pynvml.nvmlDeviceGetCount() == 7, "NVML in this process sees what the kernel process did"
-        rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
+        rebinder.back_to(GPU_BDF, "nvidia", Deadline(scaled(10)))
         assert driver(node.sysfs, GPU_BDF) == "nvidia"
 
 
@@ -67,7 +68,7 @@ def test_the_kernel_process_ends_with_the_process_that_started_it(scratch: Path)
         assert _alive(kernel)
         parent.send_signal(signal.SIGKILL)  # no clean-up of any kind
         parent.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while _alive(kernel):
             assert time.monotonic() < deadline, "the kernel process outlived its parent"
             time.sleep(0.05)
@@ -120,16 +121,16 @@ def test_a_second_opener_attaches_and_the_kernel_lives_while_anyone_is_attached(
                     node.nvml  # noqa: B018 - the GPU state lives in the kernel process
                 starter.send_signal(signal.SIGKILL)
                 starter.wait()
-                time.sleep(0.5)
+                time.sleep(scaled(0.5))  # a window in which the kernel must not end
                 assert _alive(kernel), "this process is attached: the kernel serves it on"
                 use_driver_root(DriverRoot(node.root, node.driver_root, node.dev))
                 with nvml_session():
                     assert pynvml.nvmlDeviceGetCount() == 8
                 rebinder = Rebinder(node.sysfs)
-                rebinder.to_vfio(GPU_BDF, Deadline(10))
+                rebinder.to_vfio(GPU_BDF, Deadline(scaled(10)))
                 assert driver(node.sysfs, GPU_BDF) == VFIO_PCI
-                rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
-            deadline = time.monotonic() + 10
+                rebinder.back_to(GPU_BDF, "nvidia", Deadline(scaled(10)))
+            deadline = time.monotonic() + scaled(10)
             while _alive(kernel):
                 assert time.monotonic() < deadline, "the kernel outlived the last process attached to it"
                 time.sleep(0.05)

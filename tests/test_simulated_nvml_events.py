@@ -22,6 +22,7 @@ from simulator.node.node import SimulatedNode
 from simulator.nvml.api import NO_INSTANCE, SimGpu, SimulatedNvml
 from simulator.nvml.control import ControlError, control_socket, request, serve_control
 from simulator.nvml.marshal import Client
+from tests.timing import scaled
 
 A100, T4 = GPU_MODELS["A100-SXM4-40GB"], GPU_MODELS["Tesla-T4"]
 A100_UUID = "GPU-0a100000-0000-4000-8000-000000000001"
@@ -62,6 +63,11 @@ def _soon(action: Callable[[], object], delay: float = 0.1) -> threading.Timer:
     return timer
 
 
+def _ms(seconds: float) -> int:
+    """An NVML wait's timeout (milliseconds) that bounds a failure: stretched by the time factor."""
+    return int(scaled(seconds) * 1000)
+
+
 # -- waiting ----------------------------------------------------------------------------------------------
 
 
@@ -69,9 +75,9 @@ def test_a_wait_sleeps_until_an_event_is_injected(sim: SimulatedNvml) -> None:
     t4, event_set = _watch(1)
     cpu, started = time.process_time(), time.monotonic()
     timer = _soon(lambda: sim.inject_xid(1, 48), delay=0.5)
-    data = pynvml.nvmlEventSetWait_v2(event_set, 10_000)
+    data = pynvml.nvmlEventSetWait_v2(event_set, _ms(10))
     timer.join()
-    assert 0.45 <= time.monotonic() - started < 3
+    assert 0.45 <= time.monotonic() - started < 0.5 + scaled(2.5)
     assert time.process_time() - cpu < 0.2  # asleep on a condition variable, not spinning
     assert sim.call_count("nvmlEventSetWait_v2") == 1
     assert (data.eventType, data.eventData) == (XID, 48)
@@ -84,7 +90,7 @@ def test_a_wait_times_out_and_the_old_wrapper_waits_too(sim: SimulatedNvml) -> N
     started = time.monotonic()
     with pytest.raises(pynvml.NVMLError_Timeout):
         pynvml.nvmlEventSetWait(event_set, 200)
-    assert 0.19 <= time.monotonic() - started < 1.5
+    assert 0.19 <= time.monotonic() - started < 0.2 + scaled(1.3)
     sim.inject_ecc(1)
     assert pynvml.nvmlEventSetWait(event_set, 0).eventType == DBE  # queued events come without waiting
 
@@ -158,7 +164,7 @@ def test_xid_79_takes_the_gpu_off_the_bus_until_reset(sim: SimulatedNvml) -> Non
     sim.inject_xid(1, 79)
     assert pynvml.nvmlEventSetWait_v2(event_set, 100).eventData == 79  # the event first, then the loss
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
-        pynvml.nvmlEventSetWait_v2(event_set, 5000)
+        pynvml.nvmlEventSetWait_v2(event_set, _ms(5))
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
         pynvml.nvmlDeviceGetHandleByUUID(T4_UUID)
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
@@ -179,9 +185,9 @@ def test_a_waiter_learns_of_a_lost_gpu_at_once(sim: SimulatedNvml) -> None:
     timer = _soon(lambda: sim.set_lost(1))
     started = time.monotonic()
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
-        pynvml.nvmlEventSetWait_v2(event_set, 10_000)
+        pynvml.nvmlEventSetWait_v2(event_set, _ms(10))
     timer.join()
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < scaled(3)  # woken by the loss, well before the wait's end
 
 
 def test_reset_drops_unread_events_of_that_gpu_only(sim: SimulatedNvml) -> None:
@@ -199,7 +205,7 @@ def test_free_and_shutdown_end_waits(sim: SimulatedNvml) -> None:
     _, event_set = _watch(1)
     timer = _soon(lambda: pynvml.nvmlEventSetFree(event_set))
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
-        pynvml.nvmlEventSetWait_v2(event_set, 10_000)
+        pynvml.nvmlEventSetWait_v2(event_set, _ms(10))
     timer.join()
     assert sim.inject_xid(1, 48) == 0  # its registrations are gone
     _, event_set = _watch(1)
@@ -228,15 +234,19 @@ def test_init_counts_and_event_sets_are_per_client(sim: SimulatedNvml) -> None:
         with sim.serving(other):
             pynvml.nvmlEventSetWait_v2(theirs, 0)  # the queued Xid
             try:
-                pynvml.nvmlEventSetWait_v2(theirs, 10_000)
+                pynvml.nvmlEventSetWait_v2(theirs, _ms(10))
             except pynvml.NVMLError as e:
                 waiting.append(e)
 
+    waits = sim.call_count("nvmlEventSetWait_v2")
     waiter = threading.Thread(target=wait_as_the_other)
     waiter.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + scaled(5)
+    while sim.call_count("nvmlEventSetWait_v2") < waits + 2:  # the other is in its second, long wait
+        assert time.monotonic() < deadline, "the other process's wait did not begin"
+        time.sleep(0.01)
     sim.client_gone(other)  # its connection closed: the process died
-    waiter.join(timeout=5)
+    waiter.join(timeout=scaled(5))
     assert not waiter.is_alive() and isinstance(waiting[0], pynvml.NVMLError_Uninitialized)
     assert sim.inject_xid(1, 48) == 1, "only this process's set is left"
     with sim.serving(other), pytest.raises(pynvml.NVMLError_Uninitialized):
@@ -272,7 +282,7 @@ def test_control_requests_from_another_thread(sim: SimulatedNvml, served: Path) 
     thread = threading.Thread(target=lambda: replies.append(request(served, {"op": "xid", "gpu": T4_UUID,
                                                                              "xid": 48})))
     thread.start()
-    assert pynvml.nvmlEventSetWait_v2(event_set, 5000).eventData == 48
+    assert pynvml.nvmlEventSetWait_v2(event_set, _ms(5)).eventData == 48
     thread.join()
     assert replies[0] == {"ok": True, "delivered": 1, "gpu": {**gpus[1], "lost": False}}
 
@@ -313,7 +323,7 @@ def test_control_refuses_bad_requests_clearly(served: Path, message: Any, error:
 def test_control_answers_garbage_and_survives(sim: SimulatedNvml, served: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind("")
-        sock.settimeout(5)
+        sock.settimeout(scaled(5))
         sock.sendto(b"\xff not json", str(control_socket(served)))
         reply = json.loads(sock.recv(4096))
     assert reply["ok"] is False and reply["error"]
@@ -342,14 +352,14 @@ def test_the_cli_injects_into_a_node_served_by_another_process(sim_node: Callabl
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([sys.executable, "-m", "simulator.nvml.control", "--sim-root",
-                                   str(node.root), *args], capture_output=True, text=True, timeout=30)
+                                   str(node.root), *args], capture_output=True, text=True, timeout=scaled(30))
 
         gpu = node.nvml.gpus[1]
         gi = node.nvml.instances(1)[0].gi
         done = cli("xid", gpu.uuid, "94", "--gi", str(gi), "--ci", "0")
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"xid on GPU 1 ({gpu.bus_id}), delivered to 1 event set(s)"
-        data = pynvml.nvmlEventSetWait_v2(event_set, 5000)
+        data = pynvml.nvmlEventSetWait_v2(event_set, _ms(5))
         assert (data.eventData, data.gpuInstanceId, data.computeInstanceId) == (94, gi, 0)
 
         listed = cli("--json", "list")

@@ -30,12 +30,13 @@ from simulator.nvml.abi import SYMBOLS
 from simulator.nvml.api import SimGpu, SimulatedNvml
 from simulator.nvml.library import HELLO, SERVER_LINK, LibraryBuildError, build_library
 from simulator.nvml.server import NvmlServer
+from tests.timing import scaled
 
 H100, T4 = GPU_MODELS["H100-SXM5-80GB"], GPU_MODELS["Tesla-T4"]
 H100_UUID = "GPU-0a100000-0000-4000-8000-000000000001"
 T4_UUID = "GPU-07400000-0000-4000-8000-000000000003"
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
-WAIT = 5.0  # seconds a test gives something that happens at once before calling it a failure
+WAIT = scaled(5.0)  # seconds a test gives something that happens at once before calling it a failure
 
 
 def _nvml() -> SimulatedNvml:
@@ -99,9 +100,14 @@ def test_event_waits_block_only_their_own_connection(served: tuple[SimulatedNvml
         events = pynvml.nvmlEventSetCreate()
         pynvml.nvmlDeviceRegisterEvents(t4, pynvml.nvmlEventTypeXidCriticalError, events)
         got: list[int] = []
-        waiter = threading.Thread(target=lambda: got.append(pynvml.nvmlEventSetWait_v2(events, 10_000).eventData))
+        waits = sim.call_count("nvmlEventSetWait_v2")
+        wait_ms = int(scaled(10) * 1000)
+        waiter = threading.Thread(target=lambda: got.append(pynvml.nvmlEventSetWait_v2(events, wait_ms).eventData))
         waiter.start()
-        time.sleep(0.2)  # the waiter is in the server now
+        deadline = time.monotonic() + WAIT
+        while sim.call_count("nvmlEventSetWait_v2") == waits:  # until the waiter is in the server
+            assert time.monotonic() < deadline, "the wait did not reach the server"
+            time.sleep(0.01)
         started = time.monotonic()
         for _ in range(20):  # other calls of the process go on meanwhile
             assert pynvml.nvmlDeviceGetMinorNumber(t4) == 1

@@ -14,6 +14,7 @@ from backends.contract import ConfigError
 from backends.sriov import SriovBackendConfig
 from simulator.kubelet import KubeletSimulator
 from tests.agent_env import agent_in_process, allocate, wait_until
+from tests.timing import scaled
 
 NIC = "sriov.dra-agent.io"
 PF, PF_NETDEV = "0000:19:00.0", "enp25s0f0np0"  # dgx-h100's first ConnectX-7: 64 VFs possible, 8 enabled
@@ -32,7 +33,7 @@ def numvfs(settings: Settings) -> int:
 async def test_sixteen_vfs_on_a_pf_with_eight_are_published(scratch: Path) -> None:
     config = {"sriov-nic": {"numVfs": [{"pf": PF_NETDEV, "count": 16}, {"pf": "15b3:1021", "count": 4}]}}
     async with agent_in_process(scratch, "dgx-h100", backend_config=config, backends=("sriov-nic",)) as env:
-        await wait_until(lambda: len(vfs_of(env, PF)) == 16, timeout=15)
+        await wait_until(lambda: len(vfs_of(env, PF)) == 16, timeout=scaled(15))
         assert numvfs(env.settings) == 16
         # The other ConnectX-7 PFs match the vendor:device rule.
         assert len(vfs_of(env, "0000:1d:00.0")) == 4
@@ -80,5 +81,5 @@ def test_invalid_rules_are_refused_with_the_reason(rules: list[dict[str, Any]], 
 async def test_a_count_above_what_the_pf_supports_is_reported_for_that_pf(scratch: Path) -> None:
     config = {"sriov-nic": {"numVfs": [{"pf": PF, "count": 100}, {"pf": "0000:1d:00.0", "count": 2}]}}
     async with agent_in_process(scratch, "dgx-h100", backend_config=config, backends=("sriov-nic",)) as env:
-        await wait_until(lambda: len(vfs_of(env, "0000:1d:00.0")) == 2, timeout=15)
+        await wait_until(lambda: len(vfs_of(env, "0000:1d:00.0")) == 2, timeout=scaled(15))
         assert len(vfs_of(env, PF)) == 8, "the PF asked for too many keeps what it has"

@@ -22,7 +22,7 @@ from backends.topology import device_name
 from backends.tpu import TpuBackend
 from simulator.node.node import SimulatedNode
 from simulator.udev import preload as udev_preload
-from simulator.udev.delivery import Uevent
+from simulator.udev.delivery import Uevent, send
 from simulator.udev.hotplug import InjectionError, UdevInjector, main
 from tests.agent_env import settings_for
 from tests.node_tree_env import dangling_links, inventory, tree
@@ -171,6 +171,26 @@ def test_uevents_reach_a_listener_in_libudevs_format(sim_node: Callable[[str], S
                                                           os.path.realpath(node.sysfs))
     assert int(properties["SEQNUM"]) > 0
     assert Uevent("add", "/devices/x", "pci").encode(5).endswith(b"SEQNUM=5\0")
+
+
+def test_a_listener_that_goes_while_events_are_sent_misses_them_alone(tmp_path: Path) -> None:
+    """A monitor closed between the connect and the send (its process killed): the others get every event."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as going, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as staying:
+        going.bind(str(tmp_path / "event1"))
+        staying.bind(str(tmp_path / "event2"))
+
+        class Closing(Uevent):
+            def encode(self, seqnum: int) -> bytes:
+                going.close()  # after send() connected to it, before the message goes out
+                return super().encode(seqnum)
+
+        events = [Closing("add", "/devices/x", "pci"), Uevent("remove", "/devices/x", "pci")]
+        assert send(tmp_path, events) == 1
+        staying.setblocking(False)
+        actions = [dict(p.split("=", 1) for p in staying.recv(4096)[40:].decode().split("\0") if p)["ACTION"]
+                   for _ in events]
+    assert actions == ["add", "remove"]
 
 
 def test_libudev_accepts_the_simulated_tree(sim_node: Callable[[str], SimulatedNode]) -> None:

@@ -13,6 +13,7 @@ from simulator.apiserver.server import TestApiServer
 from simulator.node.node import SimulatedNode
 from simulator.udev.hotplug import UdevInjector
 from tests.agent_env import NODE, AgentProcess, settings_for, wait_until
+from tests.timing import scaled
 from tests.udev_env import Watcher, preload_env
 
 
@@ -111,7 +112,7 @@ async def test_a_simulated_agent_process_runs_under_the_preload(scratch: Path) -
         agent = AgentProcess(settings)
         try:
             await agent.start()
-            await wait_until(lambda: server.objects("resourceslices"), timeout=30)
+            await wait_until(lambda: server.objects("resourceslices"), timeout=scaled(30))
             assert agent.process is not None
             proc = Path(f"/proc/{agent.process.pid}")
             environ = dict(e.split("=", 1) for e in proc.joinpath("environ").read_text().split("\0") if "=" in e)

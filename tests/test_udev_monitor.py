@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 
 from agent.node.host import Host
 from agent.node.udev import UdevMonitor, open_udev_monitor
+from tests.timing import scaled
 
 
 class FakeMonitor:
@@ -78,7 +79,7 @@ async def test_dispatch_by_subsystem_survives_failing_handlers_and_lost_events()
             udev.start()
             fake.deliver(device("pci", "first"), OSError(errno.ENOBUFS, "No buffer space"),
                          device("net", "eth0", "change"), device("pci", "last", "remove"))
-            await asyncio.wait_for(done.wait(), 10)
+            await asyncio.wait_for(done.wait(), scaled(10))
         assert seen == [("add", "first"), ("remove", "last")]
         events = [log["event"] for log in logs]
         assert events.count("udev event handler failed") == 2

@@ -42,6 +42,7 @@ from tests.agent_env import (
     two_agents,
     wait_until,
 )
+from tests.timing import scaled
 from tests.udev_env import preload_env
 
 GPU = "gpu.nvidia.com"
@@ -173,7 +174,7 @@ async def test_a_crash_while_passing_a_gpu_through_is_undone_at_restart(scratch:
         crashing, restarted = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         ref = allocate(server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
         with pytest.raises(KubeletError):
             await plugin.prepare([ref])
@@ -200,7 +201,7 @@ async def test_at_start_a_vf_no_claim_holds_any_more_goes_back_to_its_driver(scr
         first, second = run.first, run.second
         sim = settings.sim_root
         assert sim is not None
-        plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
+        plugin = await kubelet.wait_for_plugin(SRIOV, timeout=scaled(30))
         ref = allocate(server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
         await plugin.prepare_or_raise([ref])
         await first.stop()  # killed
@@ -220,7 +221,7 @@ async def test_a_lost_journal_keeps_a_vf_passed_through_for_its_claim(scratch: P
         server, settings, kubelet = run.server, run.settings, run.kubelet
         sim = settings.sim_root
         assert sim is not None
-        plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
+        plugin = await kubelet.wait_for_plugin(SRIOV, timeout=scaled(30))
         ref = allocate(server, "dpdk", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))
         await plugin.prepare_or_raise([ref])
         await run.first.stop()  # killed
@@ -241,7 +242,7 @@ async def test_a_lost_journal_keeps_a_vf_passed_through_for_its_claim(scratch: P
 async def test_a_gpu_rolled_back_from_vfio_serves_a_claim_without_vfio_at_once(scratch: Path, point: str) -> None:
     """No rediscovery needs to run between the roll-back at start and the next claim (without udev none does)."""
     async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",), failpoint=point) as run:
-        plugin = await run.kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await run.kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         ref = allocate(run.server, "vm", [("dev", GPU, "gpu-0000-18-00-0")], passthrough(GPU))
         with pytest.raises(KubeletError):
             await plugin.prepare([ref])
@@ -285,11 +286,11 @@ async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(s
     try:
         with pytest.raises(PrepareError, match=r"driver_override did not return within 0\.3 s"):
             await vfio.prepare("uid", [("gpu-0000-01-00-0", "0000:01:00.0")], {"0000:01:00.0"})
-        assert time.monotonic() - started < 3, "the claim fails at its deadline, not when the kernel returns"
+        assert time.monotonic() - started < scaled(3), "the claim fails at its deadline, not when the kernel returns"
         assert os.path.basename(os.readlink(folder / "driver")) == "nvidia"
         release(folder / "driver_override")
         released = True
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(scaled(0.2))  # a window in which nothing may happen: kept, and stretched
         assert unbind.read_text() == "", "a change given up on goes no further once the kernel returns"
     finally:
         vfio.close()
@@ -298,12 +299,16 @@ async def test_a_write_the_kernel_does_not_return_from_fails_the_claim_in_time(s
 
 
 def release(fifo: Path) -> None:
-    """Let the writers blocked on a FIFO finish their writes."""
-    for _ in range(4):
-        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        time.sleep(0.05)  # a blocked writer opens and writes now
-        with contextlib.suppress(BlockingIOError):
-            os.read(fd, 4096)
+    """Let the writer blocked on a FIFO finish its write: the read end stays open until what it wrote is read."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + scaled(5)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):  # opened, not written yet
+                if os.read(fd, 4096):
+                    return
+            time.sleep(0.01)  # not opened yet (an empty read), or not written
+    finally:
         os.close(fd)
 
 
@@ -315,10 +320,10 @@ def test_a_write_stuck_in_the_kernel_does_not_hold_up_the_next_one(tmp_path: Pat
     try:
         with pytest.raises(PrepareError, match=r"did not return within 0\.2 s"):
             rebinder.write(stuck, "0000:01:00.0", Deadline(0.2))
-        rebinder.write(fine, VFIO_PCI, Deadline(0.5))  # not queued behind the write still in the kernel
+        rebinder.write(fine, VFIO_PCI, Deadline(scaled(0.5)))  # not queued behind the write still in the kernel
         assert fine.read_text() == VFIO_PCI
         with pytest.raises(PrepareError, match="cannot write"):
-            rebinder.write(tmp_path / "missing/bind", "0000:01:00.0", Deadline(0.5))
+            rebinder.write(tmp_path / "missing/bind", "0000:01:00.0", Deadline(scaled(0.5)))
     finally:
         os.close(os.open(stuck, os.O_RDONLY | os.O_NONBLOCK))  # let the abandoned writer finish
 
@@ -362,7 +367,7 @@ def test_a_journal_syncs_only_records_of_what_outlives_a_reboot(tmp_path: Path, 
 def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: Any) -> None:
     node = sim_node("dgx-h100")
     rebinder, other = Rebinder(node.sysfs), node.plan.gpus[1]
-    rebinder.to_vfio(GPU_BDF, Deadline(10))
+    rebinder.to_vfio(GPU_BDF, Deadline(scaled(10)))
     with nvml_session():  # the node's NVML library, loaded from its driver root
         assert pynvml.nvmlDeviceGetCount() == 7
         with pytest.raises(pynvml.NVMLError_NotFound):
@@ -371,7 +376,7 @@ def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: An
             pynvml.nvmlDeviceGetHandleByUUID(node.plan.gpus[0].uuid)
         first = pynvml.nvmlDeviceGetHandleByIndex(0)  # NVML numbers the GPUs it lists
         assert pynvml.nvmlDeviceGetUUID(first) == other.uuid and pynvml.nvmlDeviceGetIndex(first) == 0
-        rebinder.back_to(GPU_BDF, "nvidia", Deadline(10))
+        rebinder.back_to(GPU_BDF, "nvidia", Deadline(scaled(10)))
         assert pynvml.nvmlDeviceGetCount() == 8
         assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)) == node.plan.gpus[0].uuid
 
@@ -395,7 +400,7 @@ async def test_a_gpu_passed_through_stays_published_while_nvml_cannot_see_it(scr
         server, settings, kubelet = run.server, run.settings, run.kubelet
         first, second = run.first, run.second
         held, neighbour = "gpu-0000-18-00-0", "gpu-0000-1c-00-0"
-        plugin = await kubelet.wait_for_plugin(GPU, timeout=30)
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
         await wait_until(lambda: len(published_gpus(server)) == 8)
         before = published_gpus(server)
         assert nvml_index(before[neighbour]) == 1
@@ -453,7 +458,7 @@ async def test_a_gpu_given_back_during_a_rediscovery_stays_published(
     def racing() -> Inventory:
         inventory = read_nvml()  # the GPU is on vfio-pci: NVML does not list it
         nvml_read.set()
-        assert handed_back.wait(10)
+        assert handed_back.wait(scaled(10))
         return inventory
 
     monkeypatch.setattr(backend, "_discover", racing)
@@ -506,7 +511,7 @@ async def test_a_node_kept_in_ram_does_not_cost_the_agent_a_descriptor_per_drive
         await agent.start()
         try:
             async with KubeletSimulator(settings.registry_dir) as kubelet:
-                plugin = await kubelet.wait_for_plugin(SRIOV, timeout=30)
+                plugin = await kubelet.wait_for_plugin(SRIOV, timeout=scaled(30))
                 assert agent.process is not None
                 descriptors = lambda: len(os.listdir(f"/proc/{agent.process.pid}/fd"))  # noqa: E731
                 before = descriptors()

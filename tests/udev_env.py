@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from simulator.udev.preload import UdevPreloadError, environment
+from tests.timing import scaled
 
 HARNESS = Path(__file__).with_name("udev_harness.py")
 
@@ -56,14 +57,14 @@ class Watcher:
         assert self.process is not None and self.process.stdin is not None
         self.process.stdin.close()
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(scaled(10)):
                 await self.process.wait()
         finally:
             if self.process.returncode is None:
                 self.process.kill()
                 await self.process.wait()
 
-    async def expect(self, predicate: Callable[[Message], bool], timeout: float = 10) -> Message:
+    async def expect(self, predicate: Callable[[Message], bool], timeout: float = scaled(10)) -> Message:
         """The next message (after those already taken) that satisfies `predicate`, waiting for it."""
         assert self.process is not None and self.process.stdout is not None
         try:

@@ -8,7 +8,8 @@ against the test API server and the kubelet simulator. See docs/plugin-guide.md.
         profile = "my-node.yaml"
 
 For a plugin's own tests it also offers the simulated node (`simulated_node`, `SimulatedNode`), udev events
-injected into it (`UdevInjector`) and the context a backend starts with there (`backend_context`).
+injected into it (`UdevInjector`), the context a backend starts with there (`backend_context`), and
+`scaled(seconds)`: a wait stretched by DRA_AGENT_TEST_TIME_FACTOR, as the kit's own waits are.
 
 The names are imported on first use, so the pytest plugin (`simulator.conformance.plugin`) stays cheap.
 """
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from simulator.conformance.suite import BackendSuite
     from simulator.conformance.target import BadClaimConfig, LoadError, Target
     from simulator.node.node import SimulatedNode, simulated_node
+    from simulator.timing import scaled
     from simulator.udev.hotplug import UdevInjector
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "Target",
     "UdevInjector",
     "backend_context",
+    "scaled",
     "simulated_node",
 ]
 
@@ -45,6 +48,7 @@ _HOMES = {
     "LoadError": "simulator.conformance.target", "Target": "simulator.conformance.target",
     "backend_context": "simulator.conformance.bench", "SimulatedNode": "simulator.node.node",
     "simulated_node": "simulator.node.node", "UdevInjector": "simulator.udev.hotplug",
+    "scaled": "simulator.timing",
 }
 
 

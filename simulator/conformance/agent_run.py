@@ -27,10 +27,11 @@ from simulator.conformance.target import BadClaimConfig, Target
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
 from simulator.node.node import SimulatedNode
+from simulator.timing import scaled
 
 __all__ = ["claim_config_errors", "served_by_agent"]
 
-_PUBLISH_SECONDS = 15.0
+_PUBLISH_SECONDS = scaled(15.0)
 
 
 class _Cluster:

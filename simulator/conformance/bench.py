@@ -30,12 +30,13 @@ from simulator.conformance.loop_watch import LoopWatch
 from simulator.conformance.target import Factory, Target
 from simulator.conformance.uevents import KitDeviceEvents
 from simulator.node.node import SimulatedNode
+from simulator.timing import scaled
 
 __all__ = ["NODE", "Bench", "CheckFailed", "Instance", "backend_context", "checkpointed", "pick"]
 
 T = TypeVar("T")
 NODE = "conformance-node"
-CALL_SECONDS = 30.0
+CALL_SECONDS = scaled(30.0)
 """How long one backend call may take before the check fails."""
 
 

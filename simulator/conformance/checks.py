@@ -21,6 +21,7 @@ from backends.plugin import (
 from simulator.conformance.bench import NODE, Bench, Instance, checkpointed
 from simulator.conformance.node_state import NodeState, settled_state
 from simulator.conformance.uevents import pci_uevent
+from simulator.timing import scaled
 from simulator.udev.hotplug import UdevInjector
 
 __all__ = [
@@ -34,8 +35,10 @@ __all__ = [
     "unprepare_restores",
 ]
 
-_QUIET = 0.2
-_HEALTH_END_SECONDS = 5.0
+# A backend's reaction to a uevent has no end to observe (it may rightly yield nothing), so the kit waits for a
+# quiet spell: nothing yielded for _QUIET seconds, at most `longest`. Both stretch with the time factor.
+_QUIET = scaled(0.2)
+_HEALTH_END_SECONDS = scaled(5.0)
 
 
 async def discovery(bench: Bench) -> list[str]:
@@ -235,7 +238,7 @@ async def _collect(instance: Instance, events: list[object], failures: list[str]
         failures.append(f"health() raised {type(e).__name__}: {e}; report problems as events and keep going")
 
 
-async def _quiet(events: list[object], longest: float = 3.0) -> None:
+async def _quiet(events: list[object], longest: float = scaled(3.0)) -> None:
     """Wait until the backend has yielded nothing for a while."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + longest

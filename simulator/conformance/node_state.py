@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from simulator.node.node import SimulatedNode
+from simulator.timing import scaled
 
 __all__ = ["NodeState", "settled_state", "take_state"]
 
@@ -80,7 +81,7 @@ def _describe(path: str) -> str:
     return f"file {text[:60]!r}" if len(text) <= 60 else f"file of {len(content)} bytes (crc {zlib.crc32(content):08x})"
 
 
-async def settled_state(node: SimulatedNode, timeout: float = 3.0) -> NodeState:
+async def settled_state(node: SimulatedNode, timeout: float = scaled(3.0)) -> NodeState:
     """The node once the simulated kernel's asynchronous effects have landed: two reads in a row agree."""
     previous = await asyncio.to_thread(take_state, node)
     loop = asyncio.get_running_loop()

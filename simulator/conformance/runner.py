@@ -20,6 +20,7 @@ from simulator.conformance.loop_watch import LoopWatch, Stall
 from simulator.conformance.target import LoadError, Target, source_roots
 from simulator.node.node import SimulatedNode, simulated_node
 from simulator.node.profile import ProfileError
+from simulator.timing import scaled
 
 __all__ = ["Conformance"]
 
@@ -166,7 +167,7 @@ async def _stop_quietly(bench: Bench) -> None:
         if not instance.stopped:
             instance.stopped = True
             try:
-                async with asyncio.timeout(10):
+                async with asyncio.timeout(scaled(10)):
                     await instance.backend.stop()
             except Exception:  # the check already failed for a reason worth more than this one
                 pass
@@ -175,7 +176,7 @@ async def _stop_quietly(bench: Bench) -> None:
 async def _refuses_unknown_settings(backend: Any, node: SimulatedNode) -> list[str]:
     ctx = backend_context(node, {"conformanceNoSuchSetting": 1}, name=str(backend.name))
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(scaled(30)):
             await backend.start(ctx)
     except ConfigError as e:
         if "conformanceNoSuchSetting" not in str(e):

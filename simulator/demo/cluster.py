@@ -30,6 +30,7 @@ from simulator.kubelet_connection import Plugin
 from simulator.nvml.control import request as nvml_request
 from simulator.scheduler.allocation import Allocation
 from simulator.scheduler.allocator import Allocator
+from simulator.timing import scaled
 
 JsonObject = dict[str, Any]
 START_TIMEOUT = 60.0
@@ -198,7 +199,7 @@ class DemoCluster:
         for node in self.nodes.values():
             if node.process is not None:
                 try:
-                    async with asyncio.timeout(15):
+                    async with asyncio.timeout(scaled(15)):
                         await node.process.wait()
                 except TimeoutError:
                     node.process.kill()

@@ -29,6 +29,7 @@ from simulator.kernel.attach import node_lock
 from simulator.kernel.services import NodeServices
 from simulator.node.hardware import SimulatedNode
 from simulator.node.profile import NodeProfile
+from simulator.timing import scaled
 
 __all__ = ["KernelProcess", "KernelProcessError"]
 
@@ -44,10 +45,10 @@ class KernelProcess:
     """The kernel side of the node at `root`, run by a child process from `start()`; `stop()` detaches this process,
     and the kernel ends unless other processes are attached."""
 
-    def __init__(self, root: Path, profile: NodeProfile, timeout: float = 60.0) -> None:
+    def __init__(self, root: Path, profile: NodeProfile, timeout: float | None = None) -> None:
         self.root = root
         self.profile = profile
-        self.timeout = timeout
+        self.timeout = scaled(60.0) if timeout is None else timeout
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> KernelProcess:
@@ -85,7 +86,7 @@ class KernelProcess:
             threading.Thread(target=process.wait, name="simulated-kernel-reaper", daemon=True).start()
             return
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=scaled(10))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

@@ -38,6 +38,7 @@ from typing import Any
 
 from simulator.nvml.api import SimulatedNvml
 from simulator.nvml.events import NO_INSTANCE
+from simulator.timing import scaled
 
 __all__ = ["ControlError", "ControlServer", "control_socket", "main", "request", "serve_control", "socket_address"]
 
@@ -209,8 +210,9 @@ def serve_control(nvml: SimulatedNvml, root: Path) -> Iterator[ControlServer]:
         server.stop()
 
 
-def request(root: Path, message: Mapping[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+def request(root: Path, message: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
     """Send one request to the simulated node kept at `root`; its reply, or ControlError."""
+    timeout = scaled(5.0) if timeout is None else timeout
     path = control_socket(root)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
         sock.bind("")  # an automatic abstract address, so the node can answer

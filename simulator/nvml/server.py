@@ -31,6 +31,7 @@ from simulator.nvml.library import HELLO
 from simulator.nvml.marshal import Client
 from simulator.nvml.process_memory import MemoryAccessError, read_into, read_string, write_from
 from simulator.nvml.state import NvmlReturn
+from simulator.timing import scaled
 
 __all__ = ["NvmlServer"]
 
@@ -102,7 +103,7 @@ class NvmlServer:
         for process in processes:
             self.nvml.client_gone(process.client)  # wakes calls blocked in an event wait
         for thread in list(self._threads):
-            thread.join(timeout=10)
+            thread.join(timeout=scaled(10))
         self._listener.close()
         for fd in self._wake:
             os.close(fd)

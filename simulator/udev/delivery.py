@@ -53,7 +53,9 @@ class Uevent:
 def send(root: Path, events: list[Uevent]) -> int:
     """Deliver the events, in order, to every monitor watching the node at `root`; the number of monitors reached.
 
-    A socket left behind by a process that has gone refuses the connection and is removed, as umockdev does.
+    A socket left behind by a process that has gone refuses the connection and is removed, as umockdev does. A
+    process that goes while its events are sent (killed, or closing its monitor) misses the rest of them; the
+    others get theirs all the same.
     """
     listeners = sorted(glob.glob(os.path.join(glob.escape(str(root)), "event[0-9]*")))
     reached = 0
@@ -66,8 +68,15 @@ def send(root: Path, events: list[Uevent]) -> int:
                     Path(path).unlink(missing_ok=True)
                     continue
                 raise
-            for event in events:
-                sock.send(event.encode(_next_seqnum(root)))
+            try:
+                for event in events:
+                    sock.send(event.encode(_next_seqnum(root)))
+            except OSError as e:
+                # The monitor closed after the connect. Its socket file is left to the next send: by then a new
+                # monitor may be bound at the same path.
+                if e.errno != errno.ECONNREFUSED:
+                    raise
+                continue
             reached += 1
     return reached
 

@@ -10,7 +10,7 @@ import pytest
 from acme_fpga.backend import AcmeFpgaBackend
 
 from backends.plugin import BackendContext, ConfigError, Health, HealthEvent
-from simulator.conformance import SimulatedNode, UdevInjector, backend_context, simulated_node
+from simulator.conformance import SimulatedNode, UdevInjector, backend_context, scaled, simulated_node
 
 PROFILE = Path(__file__).parent.parent / "acme-node.yaml"
 CARD = "0000:04:00.0"
@@ -27,7 +27,7 @@ def context(node: SimulatedNode, config: dict[str, object] | None = None) -> Bac
 
 
 async def next_event(stream: AsyncIterator[object]) -> HealthEvent:
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(scaled(5)):
         event = await anext(stream)
     assert isinstance(event, HealthEvent), event
     return event
@@ -44,8 +44,9 @@ def test_a_card_on_another_driver_is_left_out_with_a_warning(node: SimulatedNode
         await backend.start(context(node))
         (node.sysfs / "bus/pci/devices" / CARD / "driver/unbind").write_text(CARD)
         # The simulated kernel unbinds a few milliseconds after the write; nothing to wait on but the link.
-        while (node.sysfs / "bus/pci/devices" / CARD / "driver").exists():  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(scaled(5)):
+            while (node.sysfs / "bus/pci/devices" / CARD / "driver").exists():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
         inventory = await backend.discover()
         await backend.stop()
         assert [d.name for d in inventory.devices] == ["fpga-0000-09-00-0"]
