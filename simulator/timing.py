@@ -1,10 +1,11 @@
 """Real-time waits of the test doubles and kits, all scaled from one factor.
 
-The kubelet simulator, the test API server's helpers and the conformance kit wait for real time only where the
-other side takes it (a plugin answering, an agent starting, a uevent arriving). Each such wait is written as
-`scaled(seconds)`: the time it takes on an idle machine with room to spare. On a slower or busier machine set
-DRA_AGENT_TEST_TIME_FACTOR (e.g. 3) and every wait stretches with it. The project's own test suite
-(tests/timing.py) and plugin authors' suites read the same factor through this module.
+The simulator's stand-ins (the kubelet, the test API server, the simulated kernel and NVML, the demo) and the
+conformance kit wait for real time only where the other side takes it (a plugin answering, an agent starting, a
+uevent arriving). Each such wait is written as `scaled(seconds)`: the time it takes on an idle machine with room
+to spare. On a slower or busier machine set DRA_AGENT_TEST_TIME_FACTOR (e.g. 3) and every wait stretches with it.
+The project's own test suite (tests/timing.py) and plugin authors' suites read the same factor through this
+module.
 """
 
 from __future__ import annotations

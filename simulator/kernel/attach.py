@@ -172,13 +172,22 @@ class AttachListener:
                 if fd == self._listener.fileno():
                     try:
                         sock, _ = self._listener.accept()
+                    except OSError:
+                        continue
+                    # Counted before it is greeted: a process that has its greeting is attached, so a kernel
+                    # deciding to end (under the node's lock, which the attacher held) cannot miss it.
+                    with self._changed:
+                        self._attached.add(sock)
+                    try:
                         sock.sendall(_GREETING)
                     except OSError:
+                        with self._changed:
+                            self._attached.discard(sock)
+                            self._changed.notify_all()
+                        sock.close()
                         continue
                     by_fd[sock.fileno()] = sock
                     poller.register(sock.fileno(), select.POLLIN)
-                    with self._changed:
-                        self._attached.add(sock)
                     continue
                 sock = by_fd.pop(fd)  # the attached process closed its end, or died
                 poller.unregister(fd)
