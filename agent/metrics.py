@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = ["Metrics", "MetricsServer"]
 
@@ -86,6 +89,10 @@ class MetricsServer:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
+        # aiohttp's server half (~30 ms of imports) is loaded only where metrics are served, and then once the
+        # drivers are started, not before them.
+        from aiohttp import web
+
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_health)
@@ -100,12 +107,18 @@ class MetricsServer:
             await self._runner.cleanup()
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         return web.Response(body=generate_latest(self._metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _serve_health(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         return web.Response(text="ok\n")
 
     async def _serve_ready(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         reasons = self._not_ready()
         if not reasons:
             return web.Response(text="ready\n")
