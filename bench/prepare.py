@@ -4,7 +4,7 @@ The agent runs as its own process (`dra-agent run`, logging at info to a file), 
 (durable appends, fdatasync) and its CDI directory in RAM (as /var/run/cdi is); the test API server and the
 kubelet simulator run in this process and talk to it over loopback HTTP and real unix sockets. Measures:
 
-1. start-up: process start → every driver registered with the kubelet and its slices in the API server (on a
+1. start-up: process start → every driver registered with the kubelet and all its slices in the API server (on a
    simulated node kept between starts, as a real host's sysfs exists before the agent);
 2. prepare latency of a 1-GPU claim (each followed by its unprepare), and the round trip of an empty request
    on the same socket for comparison;
@@ -63,9 +63,18 @@ async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: 
     started = time.perf_counter()
     await agent.start()
     plugins = {d: await kubelet.wait_for_plugin(d, timeout=30) for d in (GPU, NIC)}
-    await wait_until(lambda: {s["spec"]["driver"] for s in server.objects("resourceslices")} == {GPU, NIC}, 30,
-                     interval=0.005)
+    await wait_until(lambda: pools_complete(server) == {GPU, NIC}, 30, interval=0.005)
     return agent, kubelet, plugins, started, time.perf_counter() - started
+
+
+def pools_complete(server: TestApiServer) -> set[str]:
+    """The drivers whose pool is in the API server whole: as many slices of its generation as each says it has
+    (a pool of 512 VFs is several slices, written at once but arriving one by one)."""
+    slices: dict[tuple[str, int], list[int]] = {}
+    for obj in server.objects("resourceslices"):
+        pool = obj["spec"]["pool"]
+        slices.setdefault((obj["spec"]["driver"], pool["generation"]), []).append(pool["resourceSliceCount"])
+    return {driver for (driver, _), counts in slices.items() if len(counts) == counts[0]}
 
 
 async def main() -> None:
