@@ -11,6 +11,8 @@ kubelet simulator run in this process and talk to it over loopback HTTP and real
 3. 100 claims on distinct devices prepared concurrently (100 pods starting at once);
 4. the agent's RSS after start-up and after 1,000 and 2,000 prepare/unprepare cycles.
 
+The packages' bytecode is compiled first, as an installed package has it.
+
     python bench/prepare.py [--cycles 1000]
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import shutil
 import statistics
 import sys
@@ -36,6 +39,15 @@ from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_unt
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
 KERNEL_START = "simulator.kernel.process:KernelProcess.start"
+
+
+def compile_packages() -> None:
+    """Compile the packages' bytecode, as installing them does (pip, the container image): a source tree run with
+    PYTHONDONTWRITEBYTECODE set (as on the machine of docs/performance.md) would otherwise compile every module
+    at every start."""
+    root = Path(__file__).resolve().parent.parent
+    for package in ("agent", "backends", "cdi", "simulator"):
+        compileall.compile_dir(root / package, quiet=1)
 
 
 def rss_mb(pid: int) -> float:
@@ -82,6 +94,7 @@ async def main() -> None:
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--starts", type=int, default=5)
     args = parser.parse_args()
+    compile_packages()
     print(conditions())
     memory = Path(tempfile.mkdtemp(prefix="drab", dir="/dev/shm"))
     disk = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir="/var/tmp"))
