@@ -12,7 +12,6 @@ from typing import Any, TextIO
 from agent.logs import get_logger
 from agent.node.host import HostError, open_host, resolve_node_name
 from agent.node.inventory import Survey, merge_pools, stop_all, survey
-from agent.output import BackendRow, render_backends, render_slices
 from agent.settings import Settings
 from agent.slices.build import pool_slices
 
@@ -43,6 +42,8 @@ async def _survey_node(settings: Settings, err: TextIO) -> _NodeSurvey | None:
 
 async def discover_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """Print the ResourceSlices the agent would publish for this node."""
+    from agent.output import render_slices  # the one-shot commands' output: not loaded for `run`
+
     node_survey = await _survey_node(settings, err)
     if node_survey is None:
         return EXIT_BAD_INPUT
@@ -73,6 +74,8 @@ async def discover_command(settings: Settings, output: str, out: TextIO, err: Te
 
 async def backends_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """List installed backends with version, driver name and whether each found hardware."""
+    from agent.output import BackendRow, render_backends
+
     node_survey = await _survey_node(settings, err)
     if node_survey is None:
         return EXIT_BAD_INPUT
