@@ -63,7 +63,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: Path, kubeconfig: Path,
-                      run: int) -> tuple[AgentProcess, KubeletSimulator, dict[str, Plugin], float, float]:
+                      run: int, agents: list[AgentProcess]) -> tuple[AgentProcess, KubeletSimulator,
+                                                                     dict[str, Plugin], float, float]:
+    """Start an agent (added to `agents`, to be stopped whatever happens) and time its start-up."""
     root = memory / f"run{run}"
     # The simulated node is kept across starts, as a real host's sysfs is there before the agent starts.
     settings = settings_for(root, kubeconfig, str(profile)).model_copy(
@@ -71,6 +73,7 @@ async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: 
     # The simulated kernel's process start is timed inside the agent, to be told apart: a real node's kernel runs
     # before the agent starts.
     agent = AgentProcess(settings, environment(memory, memory / "kernel-start", [("kernel", KERNEL_START)]))
+    agents.append(agent)
     kubelet = KubeletSimulator(settings.registry_dir)
     started = time.perf_counter()
     await agent.start()
@@ -99,6 +102,7 @@ async def main() -> None:
     memory = Path(tempfile.mkdtemp(prefix="drab", dir="/dev/shm"))
     disk = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir="/var/tmp"))
     profile = profile_with_vfs(64, memory)
+    agents: list[AgentProcess] = []
     try:
         async with TestApiServer() as server:
             server.add_node(NODE)
@@ -108,11 +112,11 @@ async def main() -> None:
                 for obj in server.objects("resourceslices"):
                     server.delete_object("resourceslices", obj["metadata"]["name"])
                 agent, kubelet, _, began, seconds = await start_agent(server, memory, disk, profile, kubeconfig,
-                                                                      run)
+                                                                      run, agents)
                 startups.append((began, seconds))
                 await kubelet.close()
                 await agent.stop()
-            agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99)
+            agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99, agents)
             assert agent.process is not None
             pid = agent.process.pid
             rss_start = rss_mb(pid)
@@ -148,6 +152,8 @@ async def main() -> None:
             await agent.stop()
         within = spans_within(memory / "kernel-start")
     finally:
+        for started in agents:  # a run that failed midway leaves none behind
+            await started.stop()
         shutil.rmtree(memory, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
 
