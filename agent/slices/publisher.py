@@ -182,7 +182,8 @@ class Publisher:
                                       retry_in=round(delay, 1))
                     pool.reachable.clear()
                     with contextlib.suppress(TimeoutError):  # ends early once the watch reaches the server again
-                        await asyncio.wait_for(pool.reachable.wait(), _jittered(delay))
+                        async with asyncio.timeout(_jittered(delay)):
+                            await pool.reachable.wait()
                 pool.dirty.set()
                 delay = min(delay * 2, BACKOFF_MAX)
             except Exception:  # a bug: log it, keep the agent and the other pools alive
