@@ -11,9 +11,9 @@ kubelet simulator run in this process and talk to it over loopback HTTP and real
 3. 100 claims on distinct devices prepared concurrently (100 pods starting at once);
 4. the agent's RSS after start-up and after 1,000 and 2,000 prepare/unprepare cycles.
 
-The packages' bytecode is compiled first, as an installed package has it.
+The packages' bytecode is compiled first, as an installed package has it (unless --no-compile).
 
-    python bench/prepare.py [--cycles 1000]
+    python bench/prepare.py [--cycles 1000] [--starts 5] [--no-compile]
 """
 
 from __future__ import annotations
@@ -96,8 +96,12 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave the packages' bytecode as it is (a source tree without __pycache__ run with "
+                             "PYTHONDONTWRITEBYTECODE compiles every module at every start)")
     args = parser.parse_args()
-    compile_packages()
+    if args.compile:
+        compile_packages()
     print(conditions())
     memory = Path(tempfile.mkdtemp(prefix="drab", dir="/dev/shm"))
     disk = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir="/var/tmp"))
