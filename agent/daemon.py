@@ -11,6 +11,7 @@ Event on the Node, written before the process exits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 from contextlib import AsyncExitStack
@@ -155,6 +156,14 @@ def open_kernel_events(settings: Settings, host: Host) -> tuple[UdevMonitor | No
     return open_udev_monitor(host, netns=netns), open_link_monitor(netns)
 
 
+def _collect_from_now_on() -> None:
+    """Turn the cyclic garbage collector back on once the agent serves, when its start-up had it off (`dra-agent
+    run`): what start-up made is frozen first, so no later collection walks it again."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def _proc(host: Host) -> Path:
     """The boot id is the kernel's; a simulated node has its own, so its "reboots" can be tested."""
     candidate = host.host_root / "proc"
@@ -188,6 +197,7 @@ async def run(settings: Settings) -> int:
             agent = Agent(settings, host, kube, notifier)
             stack.push_async_callback(agent.stop)
             await agent.start()
+            _collect_from_now_on()
             await stop.wait()
     except HostError as e:
         log.error("cannot start", error=str(e))

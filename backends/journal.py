@@ -7,7 +7,8 @@ synced follows what the journal records. A change that ends with a reboot (a vfi
 compute mode) needs no sync at all: the power cut that loses its record also undoes the change, as the node
 restarts. A journal of changes that outlive a reboot (a GPU's MIG mode) is `durable`: each line is made durable
 with one `fdatasync`. A line torn by a crash is the last one and is dropped. When the journal holds many more
-lines than entries it is rewritten whole, atomically (temporary file, fsync, rename, directory fsync).
+lines than entries, or when it is loaded with lines to drop, it is rewritten whole, atomically (temporary file,
+rename; with an fsync of the file before and of the folder after when it is durable).
 
 Two agent instances share the file during a rolling update, each with a journal object of its own: every call
 takes a lock on a file beside the journal and first reads what the other instance appended (or re-reads the file
@@ -47,8 +48,9 @@ class Journal:
     def load(self) -> None:
         with self._locked():
             self._entries, self._lines, self._inode, self._size = {}, 0, 0, 0
-            self._catch_up()
-            self._compact()  # start from a clean file: no torn tail, no removed entries
+            self._catch_up()  # cuts a torn tail off
+            if not self._inode or self._lines > len(self._entries):
+                self._compact()  # start from a clean file: no removed, replaced or unreadable lines
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         with self._locked():
@@ -161,14 +163,16 @@ class Journal:
                         for k, v in self._entries.items())
         with open(temp, "wb") as f:
             f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(temp, self.path)  # atomic for any crash of the agent: what a power cut does, see above
+        if self.durable:
+            directory = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
         self._lines = len(self._entries)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self._inode = os.fstat(self._fd).st_ino

@@ -170,7 +170,7 @@ class SriovNicBackend(PassthroughBackend):
         netdevs: set[str] = set()
         for pf, vfs in self._pfs.items():
             try:
-                link = _link(str(self.ctx.topology.device_dir(pf)))
+                link = _link(self.ctx.topology.device_folder(pf))
             except SysfsError as e:
                 self.ctx.log.warning("cannot read the link state of a PF", pf=pf, error=str(e))
                 continue
@@ -239,7 +239,7 @@ class SriovNicBackend(PassthroughBackend):
         except SysfsError as e:
             return Inventory(warnings=(str(e),))
         for bus_id in bus_ids:
-            folder = str(self.ctx.topology.device_dir(bus_id))
+            folder = self.ctx.topology.device_folder(bus_id)
             try:
                 if not _is_physical_function(folder):
                     continue

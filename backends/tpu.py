@@ -127,11 +127,11 @@ class TpuBackend(BackendBase):
         chips: list[tuple[str, str]] = []
         try:
             for bus_id in list_pci_devices(self.ctx.sysfs_root):
-                folder = self.ctx.topology.device_dir(bus_id)
+                folder = self.ctx.topology.device_folder(bus_id)
                 try:
-                    if read_hex(folder / "vendor") != GOOGLE:
+                    if read_hex(f"{folder}/vendor") != GOOGLE:
                         continue
-                    generation = TPU_GENERATIONS.get(read_hex(folder / "device") or -1)
+                    generation = TPU_GENERATIONS.get(read_hex(f"{folder}/device") or -1)
                 except SysfsError as e:
                     warnings.append(f"PCI device {bus_id}: {e}")
                     continue

@@ -4,20 +4,23 @@ The agent runs as its own process (`dra-agent run`, logging at info to a file), 
 (durable appends, fdatasync) and its CDI directory in RAM (as /var/run/cdi is); the test API server and the
 kubelet simulator run in this process and talk to it over loopback HTTP and real unix sockets. Measures:
 
-1. start-up: process start → every driver registered with the kubelet and its slices in the API server (on a
+1. start-up: process start → every driver registered with the kubelet and all its slices in the API server (on a
    simulated node kept between starts, as a real host's sysfs exists before the agent);
 2. prepare latency of a 1-GPU claim (each followed by its unprepare), and the round trip of an empty request
    on the same socket for comparison;
 3. 100 claims on distinct devices prepared concurrently (100 pods starting at once);
 4. the agent's RSS after start-up and after 1,000 and 2,000 prepare/unprepare cycles.
 
-    python bench/prepare.py [--cycles 1000]
+The packages' bytecode is compiled first, as an installed package has it (unless --no-compile).
+
+    python bench/prepare.py [--cycles 1000] [--starts 5] [--no-compile]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import shutil
 import statistics
 import sys
@@ -39,6 +42,15 @@ GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
 KERNEL_START = "simulator.kernel.process:KernelProcess.start"
 
 
+def compile_packages() -> None:
+    """Compile the packages' bytecode, as installing them does (pip, the container image): a source tree run with
+    PYTHONDONTWRITEBYTECODE set (as on the machine of docs/performance.md) would otherwise compile every module
+    at every start."""
+    root = Path(__file__).resolve().parent.parent
+    for package in ("agent", "backends", "cdi", "simulator"):
+        compileall.compile_dir(root / package, quiet=1)
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -52,7 +64,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: Path, kubeconfig: Path,
-                      run: int) -> tuple[AgentProcess, KubeletSimulator, dict[str, Plugin], float, float]:
+                      run: int, agents: list[AgentProcess]) -> tuple[AgentProcess, KubeletSimulator,
+                                                                     dict[str, Plugin], float, float]:
+    """Start an agent (added to `agents`, to be stopped whatever happens) and time its start-up."""
     root = memory / f"run{run}"
     # The simulated node is kept across starts, as a real host's sysfs is there before the agent starts.
     settings = settings_for(root, kubeconfig, str(profile)).model_copy(
@@ -60,24 +74,40 @@ async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: 
     # The simulated kernel's process start is timed inside the agent, to be told apart: a real node's kernel runs
     # before the agent starts.
     agent = AgentProcess(settings, environment(memory, memory / "kernel-start", [("kernel", KERNEL_START)]))
+    agents.append(agent)
     kubelet = KubeletSimulator(settings.registry_dir)
     started = time.perf_counter()
     await agent.start()
     plugins = {d: await kubelet.wait_for_plugin(d, timeout=30) for d in (GPU, NIC)}
-    await wait_until(lambda: {s["spec"]["driver"] for s in server.objects("resourceslices")} == {GPU, NIC}, 30,
-                     interval=0.005)
+    await wait_until(lambda: pools_complete(server) == {GPU, NIC}, 30, interval=0.005)
     return agent, kubelet, plugins, started, time.perf_counter() - started
+
+
+def pools_complete(server: TestApiServer) -> set[str]:
+    """The drivers whose pool is in the API server whole: as many slices of its generation as each says it has
+    (a pool of 512 VFs is several slices, written at once but arriving one by one)."""
+    slices: dict[tuple[str, int], list[int]] = {}
+    for obj in server.objects("resourceslices"):
+        pool = obj["spec"]["pool"]
+        slices.setdefault((obj["spec"]["driver"], pool["generation"]), []).append(pool["resourceSliceCount"])
+    return {driver for (driver, _), counts in slices.items() if len(counts) == counts[0]}
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave the packages' bytecode as it is (a source tree without __pycache__ run with "
+                             "PYTHONDONTWRITEBYTECODE compiles every module at every start)")
     args = parser.parse_args()
+    if args.compile:
+        compile_packages()
     print(conditions())
     memory = Path(tempfile.mkdtemp(prefix="drab", dir="/dev/shm"))
     disk = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir="/var/tmp"))
     profile = profile_with_vfs(64, memory)
+    agents: list[AgentProcess] = []
     try:
         async with TestApiServer() as server:
             server.add_node(NODE)
@@ -87,11 +117,11 @@ async def main() -> None:
                 for obj in server.objects("resourceslices"):
                     server.delete_object("resourceslices", obj["metadata"]["name"])
                 agent, kubelet, _, began, seconds = await start_agent(server, memory, disk, profile, kubeconfig,
-                                                                      run)
+                                                                      run, agents)
                 startups.append((began, seconds))
                 await kubelet.close()
                 await agent.stop()
-            agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99)
+            agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99, agents)
             assert agent.process is not None
             pid = agent.process.pid
             rss_start = rss_mb(pid)
@@ -127,6 +157,8 @@ async def main() -> None:
             await agent.stop()
         within = spans_within(memory / "kernel-start")
     finally:
+        for started in agents:  # a run that failed midway leaves none behind
+            await started.stop()
         shutil.rmtree(memory, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
 

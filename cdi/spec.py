@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from functools import reduce
 from types import MappingProxyType, UnionType
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Generic, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
 D = TypeVar("D")
+V = TypeVar("V")
 _REQUIRED = {"required": True}  # field metadata: always written, and must be present when read
 
 # Versions the CDI loader knows; a spec declaring any other version is rejected by it.
@@ -150,12 +153,16 @@ class Spec:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, `cdiVersion` first."""
-        body: dict[str, Any] = _encode(self)
-        del body["cdiVersion"]
-        return {"cdiVersion": self.version(), **body}
+        return self._document(shared=False)
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent) + "\n"
+        # The document is serialized at once and dropped, so it may hold the shared JSON values of edits.
+        return json.dumps(self._document(shared=True), indent=indent) + "\n"
+
+    def _document(self, shared: bool) -> dict[str, Any]:
+        body: dict[str, Any] = _encode(self, shared)
+        del body["cdiVersion"]
+        return {"cdiVersion": self.version(), **body}
 
     @classmethod
     def from_dict(cls, data: object) -> Spec:
@@ -175,6 +182,48 @@ def edits_to_dict(edits: ContainerEdits) -> dict[str, Any]:
     """The CDI `containerEdits` JSON object of `edits`."""
     result: dict[str, Any] = _encode(edits)
     return result
+
+
+def shared_edits_dict(edits: ContainerEdits) -> dict[str, Any]:
+    """`edits_to_dict(edits)`, worked out once per edits object and shared by every caller: for a document that is
+    serialized at once. Never change what it returns."""
+    return _SHARED_EDITS.get((edits,), lambda: edits_to_dict(edits))
+
+
+def merged(edits: Sequence[ContainerEdits]) -> ContainerEdits:
+    """Empty edits merged with each of `edits` in turn (`ContainerEdits.merge`), worked out once per sequence of
+    edits objects: the same object for the same edits objects, so its JSON value is shared too."""
+    return _MERGED.get(tuple(edits), lambda: reduce(ContainerEdits.merge, edits, ContainerEdits()))
+
+
+class _PerObjects(Generic[V]):
+    """Values worked out once per tuple of objects, by identity, for the most recently used few. A backend hands the
+    same edits object (its driver's files: a dozen mounts and more) to every claim it prepares, and a prepare
+    merges and encodes it several times: by identity, a hit costs no hashing or comparing of what it holds. The
+    objects are kept alive with their value, so their ids are not reused while cached. Safe from several threads."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: dict[tuple[int, ...], tuple[tuple[object, ...], V]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, objects: tuple[object, ...], make: Callable[[], V]) -> V:
+        key = tuple(map(id, objects))
+        with self._lock:
+            hit = self._items.pop(key, None)
+            if hit is not None:
+                self._items[key] = hit  # the most recently used last
+                return hit[1]
+        value = make()
+        with self._lock:
+            self._items[key] = (objects, value)
+            while len(self._items) > self._size:
+                del self._items[next(iter(self._items))]
+        return value
+
+
+_SHARED_EDITS: _PerObjects[dict[str, Any]] = _PerObjects(32)
+_MERGED: _PerObjects[ContainerEdits] = _PerObjects(32)
 
 
 def edits_from_dict(data: object) -> ContainerEdits:
@@ -211,25 +260,28 @@ def _layout(cls: type) -> _Layout | None:
         return layout
 
 
-def _encode(value: Any) -> Any:
-    """JSON value of a model object; optional fields that are None or empty are left out."""
+def _encode(value: Any, shared: bool = False) -> Any:
+    """JSON value of a model object; optional fields that are None or empty are left out. With `shared`, the values
+    of edits are those of `shared_edits_dict`."""
     kind = type(value)
     if kind in _PLAIN:
         return value
     if kind is tuple:
-        return [item if type(item) is str else _encode(item) for item in value]
+        return [item if type(item) is str else _encode(item, shared) for item in value]
+    if shared and kind is ContainerEdits:
+        return shared_edits_dict(value)
     layout = _layout(kind)
     if layout is not None:
         out: dict[str, Any] = {}
         for name, key, required in layout:
             item = getattr(value, name)
             if type(item) is not str:
-                item = _encode(item)
+                item = _encode(item, shared)
             if required or item not in (None, "", [], {}):
                 out[key] = item
         return out
     if isinstance(value, tuple):
-        return [_encode(item) for item in value]
+        return [_encode(item, shared) for item in value]
     if isinstance(value, Mapping):
         return dict(value)
     return value

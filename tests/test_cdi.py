@@ -121,6 +121,17 @@ def test_every_field_has_its_cdi_key() -> None:
     assert next(iter(FULL.to_dict())) == "cdiVersion"
 
 
+def test_a_document_changed_by_its_reader_leaves_the_next_encodings_alone() -> None:
+    # Spec.to_json encodes each edits object once and reuses it; to_dict must still hand out a copy of its own.
+    before = FULL.to_json()
+    document = FULL.to_dict()
+    document["containerEdits"]["mounts"][0]["hostPath"] = "/changed"
+    document["devices"][0]["containerEdits"].clear()
+    assert FULL.to_json() == before
+    assert FULL.to_dict() == FULL_JSON
+    assert edits_to_dict(FULL.container_edits) == FULL_JSON["containerEdits"]
+
+
 def test_round_trip() -> None:
     assert Spec.from_json(FULL.to_json()) == dataclasses.replace(FULL, cdi_version="1.1.0")
     assert Spec.from_json(gpu_spec().to_json()).to_dict() == gpu_spec().to_dict()

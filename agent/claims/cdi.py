@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.claims.records import DeviceRecord
-from cdi.spec import ContainerEdits, Device, Spec
+from cdi.spec import Device, Spec, merged
 
 __all__ = ["CLASS", "cdi_device_id", "claim_spec", "vendor"]
 
@@ -28,12 +28,8 @@ def cdi_device_id(driver: str, claim_uid: str, device: str) -> str:
 
 def claim_spec(driver: str, claim_uid: str, devices: Sequence[DeviceRecord]) -> Spec:
     """The claim's spec from its prepared devices."""
-    common = ContainerEdits()
-    for record in devices:
-        if record.common_edits is not None:
-            common = common.merge(record.common_edits)
     return Spec(
         kind=f"{vendor(driver)}/{CLASS}",
         devices=tuple(Device(name=f"{claim_uid}-{r.device}", container_edits=r.edits) for r in devices),
-        container_edits=common,
+        container_edits=merged([r.common_edits for r in devices if r.common_edits is not None]),
     )

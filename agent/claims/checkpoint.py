@@ -373,7 +373,7 @@ class Checkpoint:
 
 
 def _claim_line(claim: ClaimRecord) -> bytes:
-    return _line({"format": FORMAT, "op": "claim", "claim": claim.to_json()})
+    return _line({"format": FORMAT, "op": "claim", "claim": claim.to_json(shared=True)})
 
 
 def _inode(path: Path) -> int | None:

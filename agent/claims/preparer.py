@@ -256,8 +256,12 @@ class Preparer:
                 # Keep the `started` record: the next prepare or restart rolls it back again.
                 self.log.error("undoing a failed prepare failed", backend=backend, claim=_name(ref), error=str(e))
                 return
-        await asyncio.to_thread(self.store.delete, ref.uid)
-        await asyncio.to_thread(self.checkpoint.remove, started.uid)
+        await asyncio.to_thread(self._drop, started.uid)
+
+    def _drop(self, uid: str) -> None:
+        """The end of `_undo`: the claim's CDI spec, then its `started` record (one worker-thread hop)."""
+        self.store.delete(uid)
+        self.checkpoint.remove(uid)
 
     def _answer(self, record: ClaimRecord) -> ClaimResult:
         return ClaimResult(devices=tuple(
@@ -315,11 +319,16 @@ class Preparer:
             except Exception as e:
                 return f"{_devices(items)}: {e}"
         failpoint("unprepare-after-backends")
-        await asyncio.to_thread(self.store.delete, record.uid)
-        failpoint("unprepare-after-cdi")
-        await asyncio.to_thread(self.checkpoint.remove, record.uid)
+        await asyncio.to_thread(self._forget, record.uid)
         failpoint("unprepare-after-removed")
         return ""
+
+    def _forget(self, uid: str) -> None:
+        """Delete the claim's CDI spec, then durably forget the claim: one worker-thread hop for both, as in
+        `_publish`."""
+        self.store.delete(uid)
+        failpoint("unprepare-after-cdi")
+        self.checkpoint.remove(uid)
 
     async def forget(self, ref: ClaimRef, record: ClaimRecord) -> str:
         """Unprepare a claim the kubelet will not unprepare (its ResourceClaim is gone), if it is still prepared as

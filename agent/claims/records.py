@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cdi.spec import ContainerEdits, edits_from_dict, edits_to_dict
+from cdi.spec import ContainerEdits, edits_from_dict, edits_to_dict, shared_edits_dict
 
 __all__ = ["ClaimRecord", "DeviceRecord", "State"]
 
@@ -31,14 +31,16 @@ class DeviceRecord:
     restore: Mapping[str, Any] = field(default_factory=dict)
     admin_access: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, shared: bool = False) -> dict[str, Any]:
+        """The record's JSON object; with `shared`, for serializing at once (edits are `shared_edits_dict`'s)."""
+        edits = shared_edits_dict if shared else edits_to_dict
         data: dict[str, Any] = {
             "device": self.device,
             "backend": self.backend,
             "requests": list(self.requests),
             "cdiIds": list(self.cdi_ids),
-            "edits": edits_to_dict(self.edits),
-            "commonEdits": None if self.common_edits is None else edits_to_dict(self.common_edits),
+            "edits": edits(self.edits),
+            "commonEdits": None if self.common_edits is None else edits(self.common_edits),
             "restore": dict(self.restore),
         }
         if self.admin_access:
@@ -75,14 +77,15 @@ class ClaimRecord:
     owner: str = ""
     recovered: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, shared: bool = False) -> dict[str, Any]:
+        """The record's JSON object; with `shared`, for serializing at once (see DeviceRecord.to_json)."""
         data: dict[str, Any] = {
             "uid": self.uid,
             "namespace": self.namespace,
             "name": self.name,
             "state": self.state,
             "bootId": self.boot_id,
-            "devices": [d.to_json() for d in self.devices],
+            "devices": [d.to_json(shared=shared) for d in self.devices],
         }
         if self.owner:
             data["owner"] = self.owner

@@ -155,7 +155,14 @@ class Publisher:
         delay = BACKOFF_START
         while True:
             await pool.dirty.wait()
-            await asyncio.sleep(SYNC_DELAY)
+            if pool.synced is None:
+                # The pool's first sync has no burst to coalesce: it goes as soon as the first list has brought
+                # the server's slices (at the latest after the same delay, as before, when the list is slow).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SYNC_DELAY):  # not wait_for: it can swallow the task's cancellation
+                        await pool.reachable.wait()
+            else:
+                await asyncio.sleep(SYNC_DELAY)
             pool.dirty.clear()
             try:
                 await self._sync(pool)
@@ -175,7 +182,8 @@ class Publisher:
                                       retry_in=round(delay, 1))
                     pool.reachable.clear()
                     with contextlib.suppress(TimeoutError):  # ends early once the watch reaches the server again
-                        await asyncio.wait_for(pool.reachable.wait(), _jittered(delay))
+                        async with asyncio.timeout(_jittered(delay)):
+                            await pool.reachable.wait()
                 pool.dirty.set()
                 delay = min(delay * 2, BACKOFF_MAX)
             except Exception:  # a bug: log it, keep the agent and the other pools alive
