@@ -127,8 +127,8 @@ async def check_command(settings: Settings, output: str, out: TextIO, err: TextI
 async def run_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """Run the node agent until stopped."""
     # Start-up makes tens of thousands of objects that live as long as the process (modules, classes, the node's
-    # devices) and little garbage, which the cyclic collector would walk again and again: some 150 collections,
-    # about 35 ms of the daemon's and the backends' imports alone. It stays off until the agent serves
+    # devices) and little garbage, which the cyclic collector would walk again and again: some 80 collections and
+    # 20-30 ms in the daemon's and the backends' imports alone. It stays off until the agent serves
     # (agent.daemon.run turns it back on).
     gc.disable()
     try:
