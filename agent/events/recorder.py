@@ -224,8 +224,9 @@ class EventRecorder:
                 if wait is None:
                     self._idle.set()
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                with contextlib.suppress(TimeoutError):  # not wait_for, which can swallow a cancellation (3.11)
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
                 continue
             # An occurrence while it is being written queues it again (it is no longer pending).
             del self._pending[entry]

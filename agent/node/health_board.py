@@ -99,8 +99,11 @@ class HealthBoard:
     async def wait_changed(self, version: int, timeout: float) -> int:
         """Wait until `version` is out of date or `timeout` passes; the current version."""
         if self.version == version:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that comes as the
+            # event is set, and a stream being stopped would carry on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
         return self.version
 
     def _bump(self) -> None:
