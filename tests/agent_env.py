@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -240,6 +241,15 @@ def metrics_of(address: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
+
+
+def served_metrics(address: str) -> dict[str, float]:
+    """`metrics_of`, or nothing while the agent does not serve its metrics yet (it starts serving them once its
+    drivers have started, so after they registered with the kubelet)."""
+    try:
+        return metrics_of(address)
+    except urllib.error.URLError:
+        return {}
 
 
 def lose_claims(settings: Settings, driver: str) -> None:

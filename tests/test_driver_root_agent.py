@@ -63,8 +63,14 @@ class Run:
     metrics: str
 
     async def get(self, path: str) -> tuple[int, str]:
-        async with aiohttp.ClientSession() as http, http.get(f"{self.metrics}{path}") as response:
-            return response.status, await response.text()
+        """GET from the agent's metrics endpoint, once it serves (it starts serving after its drivers start)."""
+        async with asyncio.timeout(scaled(30)):
+            while True:
+                try:
+                    async with aiohttp.ClientSession() as http, http.get(f"{self.metrics}{path}") as response:
+                        return response.status, await response.text()
+                except aiohttp.ClientConnectorError:
+                    await asyncio.sleep(0.05)
 
     def slices(self, driver: str) -> list[dict[str, Any]]:
         return [s for s in self.server.objects("resourceslices") if s["spec"]["driver"] == driver]

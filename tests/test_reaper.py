@@ -24,6 +24,7 @@ from tests.agent_env import (
     free_port,
     metrics_of,
     plugin_after_restart,
+    served_metrics,
     settings_for,
     wait_until,
 )
@@ -178,7 +179,7 @@ async def test_claims_deleted_while_the_agent_was_down_are_reaped_with_every_cha
                 await second.start()
                 await plugin_after_restart(kubelet, gpu_plugin)
                 address = str(settings.metrics_address)
-                await wait_until(lambda: metrics_of(address).get(
+                await wait_until(lambda: served_metrics(address).get(
                     'dra_agent_api_errors_total{operation="get_resourceclaim"}', 0) >= 8, timeout=scaled(30))
                 assert driver_of(sim, "0000:19:00.1") == "vfio-pci", "API errors reap nothing"
                 assert len(list(settings.cdi_dir.iterdir())) == 4
