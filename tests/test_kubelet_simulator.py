@@ -198,6 +198,7 @@ async def test_newest_connected_instance_takes_the_calls(base: Path) -> None:
             old = await sim.register(base / "reg" / "gpu-old-reg.sock")
             new = await sim.register(base / "reg" / "gpu-new-reg.sock")
             assert sim.plugins(DRIVER) == [old, new]
+            await until(lambda: old.connected and new.connected)  # both connect as they register, not at once
             assert sim.plugin(DRIVER) is new
             await new_server.aclose()
             await until(lambda: old.connected and not new.connected)  # the channels notice it within milliseconds
