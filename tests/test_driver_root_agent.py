@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from simulator.node.driver_install import install_driver
 from simulator.node.layout import plan_node
 from simulator.node.profile import load_profile
 from simulator.nvml.control import request
-from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
+from tests.agent_env import NODE, AgentProcess, allocate, free_port, settings_for, wait_until
 from tests.cdi_schema import cdi_schema_errors
 from tests.timing import scaled
 
@@ -45,13 +44,6 @@ def profile_file(folder: Path, **nvidia: Any) -> Path:
             {"gpu": "Tesla-T4"}, {"nic": {"model": "ConnectX-6Dx", "sriov": {"total_vfs": 8, "num_vfs": 2}}}]}],
     }))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
