@@ -7,9 +7,11 @@ attributes; it depends on neither.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["AttributeValue", "Version", "is_semver"]
+__all__ = ["AttributeValue", "Version", "attribute_from_json", "attribute_json", "is_semver"]
 
 # Strict semantic versioning 2.0.0, the only form the API server accepts for version attributes.
 _SEMVER = re.compile(
@@ -48,3 +50,31 @@ class Version:
 
 
 AttributeValue = bool | int | str | Version
+
+
+def attribute_json(value: AttributeValue) -> dict[str, Any]:
+    """The API form of one attribute value (`{"string": ...}`, `{"int": ...}`, `{"bool": ...}`, `{"version": ...}`),
+    as ResourceSlices and device metadata files carry it."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.text}
+    return {"string": value}
+
+
+def attribute_from_json(body: Mapping[str, Any]) -> AttributeValue:
+    """The value of an attribute's API form; ValueError when it is not one."""
+    if len(body) != 1:
+        raise ValueError(f"an attribute value has exactly one of bool, int, string, version: {dict(body)!r}")
+    ((kind, value),) = body.items()
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "string" and isinstance(value, str):
+        return value
+    if kind == "version" and isinstance(value, str):
+        return Version(value)
+    raise ValueError(f"not an attribute value: {dict(body)!r}")

@@ -42,6 +42,7 @@ __all__ = [
     "HealthEvent",
     "Inventory",
     "LinkEvents",
+    "NetworkData",
     "PrepareError",
     "Prepared",
     "Unserved",
@@ -171,6 +172,21 @@ class Allocated:
     request: str
     config: Any = None
     admin_access: bool = False
+    share_id: str | None = None
+    """Set when the device is shared by capacity (it is published with `allow_multiple_allocations`): this claim
+    holds one share of it, and other claims may hold others at the same time."""
+    consumed: Mapping[str, int] = field(default_factory=dict)
+    """For a share: how much of each of the device's capacities it was allocated (`consumedCapacity`)."""
+
+
+@dataclass(frozen=True)
+class NetworkData:
+    """The network interface a workload got with a device, as the claim's status reports it (`networkData`):
+    its name inside the pod, its MAC address, and its addresses in CIDR form (e.g. `192.0.2.5/24`)."""
+
+    interface_name: str = ""
+    hardware_address: str = ""
+    ips: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,12 +197,19 @@ class Prepared:
     claim (shared control nodes, driver libraries, claim-wide environment) and are merged once per claim.
     `restore` is checkpointed by the core and handed back to `unprepare`, possibly after a restart, so it
     must be JSON-serialisable and sufficient on its own (e.g. MIG instance ids, the driver a device had).
+
+    `facts` are what the workload learns about the device it got, in the form of slice attributes (names without
+    a domain are in the driver's): the GPU's UUID, the PCI address of a device on vfio-pci, a VF's interface and
+    MAC, a TPU's chip indices. The core puts them into the claim's status (`data`) and, where enabled, the device
+    metadata file in the container. `network` is the interface the workload got, for the status's `networkData`.
     """
 
     device: str
     edits: ContainerEdits
     common_edits: ContainerEdits | None = None
     restore: Mapping[str, Any] = field(default_factory=dict)
+    facts: Mapping[str, AttributeValue] = field(default_factory=dict)
+    network: NetworkData | None = None
 
 
 class Health(Enum):

@@ -16,6 +16,7 @@ from structlog.typing import FilteringBoundLogger
 from agent.claims.checkpoint import Checkpoint
 from agent.claims.locks import FileLock
 from agent.claims.plan import Owner
+from agent.claims.records import ClaimRecord
 from agent.logs import get_logger
 from agent.metrics import Metrics
 from backends.contract import Backend, ClaimRef
@@ -86,9 +87,13 @@ class InstanceGuard:
 
 @dataclass(frozen=True)
 class Reporting:
-    """Who hears of what a Preparer does: its log, the metrics, and a callback told of every claim not prepared
-    with the error (for an Event; it must never block)."""
+    """Who hears of what a Preparer does: its log, the metrics, and callbacks (none may block): `on_failure` is
+    told of every claim not prepared, with the error (for an Event); `on_prepared` of every claim answered as
+    prepared, with its record (for the claim's status), again when the kubelet asks again; `on_released` of
+    every claim whose preparation was undone (unprepared, rolled back, reaped)."""
 
     log: FilteringBoundLogger = field(default_factory=lambda: get_logger("preparer"))
     metrics: Metrics | None = None
     on_failure: Callable[[ClaimRef, str], None] | None = None
+    on_prepared: Callable[[ClaimRef, ClaimRecord], None] | None = None
+    on_released: Callable[[ClaimRef, ClaimRecord], None] | None = None

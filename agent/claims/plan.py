@@ -53,7 +53,8 @@ def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Ca
         config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
         entry = per_backend.setdefault(owner.name, (owner, []))
         if all(a.device != result.device for a in entry[1]):
-            entry[1].append(Allocated(result.device, result.request, config, result.admin_access))
+            entry[1].append(Allocated(result.device, result.request, config, result.admin_access,
+                                      share_id=result.share_id, consumed=result.consumed))
             if result.admin_access:
                 admin.add(result.device)
         requests[result.device] = tuple(dict.fromkeys((*requests.get(result.device, ()), result.request_name)))

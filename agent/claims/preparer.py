@@ -54,6 +54,8 @@ class Preparer:
         self._metrics = reporting.metrics
         self._unusable = devices.unusable  # device → why it must not be newly prepared (unhealthy), else None
         self._on_failure = reporting.on_failure  # told of every claim not prepared, with the error (never blocks)
+        self._on_prepared = reporting.on_prepared  # told of every claim answered as prepared (never blocks)
+        self._on_released = reporting.on_released  # told of every claim unprepared, rolled back or reaped
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
@@ -136,7 +138,7 @@ class Preparer:
                 if record.recovered:
                     record = await self._readopt(ref, plan, record)
                 await self.ensure_spec(record)
-                return self._answer(record)
+                return self._answer(ref, record)
             return ClaimResult(error=f"claim {_name(ref)} was prepared with other devices; unprepare it first")
         # A claim prepared before its device turned unhealthy keeps its answer (above): its pods run already.
         unusable = [f"{d}: {why}" for d in sorted(plan.requests) if (why := self._unusable(d))]
@@ -155,6 +157,7 @@ class Preparer:
             await self._undo(ref, prepared, started)
             return ClaimResult(error=error)
         failpoint("prepare-after-backends")
+        shares = {d.device: d.share_id for d in plan.allocation.devices if d.share_id is not None}
         records = tuple(
             DeviceRecord(
                 device=p.device,
@@ -165,6 +168,9 @@ class Preparer:
                 common_edits=p.common_edits,
                 restore=dict(p.restore),
                 admin_access=p.device in plan.admin,
+                share_id=shares.get(p.device),
+                facts=dict(p.facts),
+                network=p.network,
             )
             for backend, items in prepared.items()
             for p in items
@@ -175,7 +181,7 @@ class Preparer:
             await self._undo(ref, prepared, started)
             return ClaimResult(error=f"cannot write the CDI spec: {e}")
         failpoint("prepare-after-completed")
-        return self._answer(completed)
+        return self._answer(ref, completed)
 
     async def _start(self, ref: ClaimRef, plan: Plan, pairs: tuple[tuple[str, str], ...]) -> ClaimRecord:
         """Record `started` before any backend runs: synced, unless every backend of the claim keeps durable
@@ -263,9 +269,12 @@ class Preparer:
         self.store.delete(uid)
         self.checkpoint.remove(uid)
 
-    def _answer(self, record: ClaimRecord) -> ClaimResult:
+    def _answer(self, ref: ClaimRef, record: ClaimRecord) -> ClaimResult:
+        if self._on_prepared is not None:
+            self._on_prepared(ref, record)
         return ClaimResult(devices=tuple(
-            PreparedDeviceResult(pool=self.pool, device=d.device, cdi_device_ids=d.cdi_ids, request_names=d.requests)
+            PreparedDeviceResult(pool=self.pool, device=d.device, cdi_device_ids=d.cdi_ids, request_names=d.requests,
+                                 share_id=d.share_id)
             for d in record.devices
         ))
 
@@ -321,6 +330,8 @@ class Preparer:
         failpoint("unprepare-after-backends")
         await asyncio.to_thread(self._forget, record.uid)
         failpoint("unprepare-after-removed")
+        if self._on_released is not None:
+            self._on_released(ref, record)
         return ""
 
     def _forget(self, uid: str) -> None:

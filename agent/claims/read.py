@@ -7,12 +7,14 @@ meant for the pod's events when the claim cannot be prepared.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.kube.names import is_dns_label, is_dns_subdomain
+from agent.kube.quantity import parse_quantity
 from backends.contract import ClaimRef
 
 __all__ = [
@@ -43,6 +45,7 @@ class DeviceAllocation:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    consumed: Mapping[str, int] = field(default_factory=dict)  # consumedCapacity of a share, in whole units
 
     @property
     def request_name(self) -> str:
@@ -138,14 +141,32 @@ def _result(raw: Any, index: int, where: str) -> DeviceAllocation:
     if missing:
         raise ClaimError(f"{where}: allocation result #{index} lacks {', '.join(missing)}")
     share = _field(raw, "shareID")
+    if share is not None and (not isinstance(share, str) or not _UID.fullmatch(share)):
+        raise ClaimError(f"{where}: allocation result #{index} has shareID {str(share)[:80]!r}, not a UID")
     return DeviceAllocation(
         request=fields["request"],
         driver=fields["driver"],
         pool=fields["pool"],
         device=fields["device"],
         admin_access=_field(raw, "adminAccess") is True,
-        share_id=share if isinstance(share, str) and share else None,
+        share_id=share,
+        consumed=_consumed(_field(raw, "consumedCapacity"), index, where),
     )
+
+
+def _consumed(raw: Any, index: int, where: str) -> dict[str, int]:
+    """A share's consumedCapacity in whole units (rounded up, as the allocator rounds a request up)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ClaimError(f"{where}: allocation result #{index} consumedCapacity is malformed: expected a map")
+    consumed: dict[str, int] = {}
+    for name, value in raw.items():
+        try:
+            consumed[str(name)] = math.ceil(parse_quantity(str(value)))
+        except ValueError as e:
+            raise ClaimError(f"{where}: allocation result #{index} consumedCapacity {name}: {e}") from None
+    return consumed
 
 
 def _config(raw: Any, index: int, driver: str, where: str) -> OpaqueEntry | None:

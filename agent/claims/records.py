@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from backends.attributes import AttributeValue, attribute_from_json, attribute_json
+from backends.contract import NetworkData
 from cdi.spec import ContainerEdits, edits_from_dict, edits_to_dict, shared_edits_dict
 
 __all__ = ["ClaimRecord", "DeviceRecord", "State"]
@@ -20,7 +22,9 @@ State = Literal["started", "completed"]
 @dataclass(frozen=True)
 class DeviceRecord:
     """A device as prepared for a claim: enough to answer the kubelet again and to undo it after a restart.
-    `admin_access`: allocated with adminAccess, so it does not hold the device against other claims."""
+    `admin_access`: allocated with adminAccess, so it does not hold the device against other claims.
+    `share_id`: the claim holds this share of a device shared by capacity. `facts` and `network`: what the
+    workload learns about the device (the claim's status and device metadata are written from them)."""
 
     device: str
     backend: str
@@ -30,6 +34,9 @@ class DeviceRecord:
     common_edits: ContainerEdits | None = None
     restore: Mapping[str, Any] = field(default_factory=dict)
     admin_access: bool = False
+    share_id: str | None = None
+    facts: Mapping[str, AttributeValue] = field(default_factory=dict)
+    network: NetworkData | None = None
 
     def to_json(self, *, shared: bool = False) -> dict[str, Any]:
         """The record's JSON object; with `shared`, for serializing at once (edits are `shared_edits_dict`'s)."""
@@ -45,11 +52,20 @@ class DeviceRecord:
         }
         if self.admin_access:
             data["adminAccess"] = True
+        if self.share_id is not None:
+            data["shareId"] = self.share_id
+        if self.facts:
+            data["facts"] = {key: attribute_json(value) for key, value in self.facts.items()}
+        if self.network is not None:
+            data["network"] = {"interfaceName": self.network.interface_name,
+                               "hardwareAddress": self.network.hardware_address, "ips": list(self.network.ips)}
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DeviceRecord:
         common = data.get("commonEdits")
+        share = data.get("shareId")
+        network = data.get("network")
         return cls(
             device=_text(data, "device"),
             backend=_text(data, "backend"),
@@ -59,6 +75,13 @@ class DeviceRecord:
             common_edits=None if common is None else edits_from_dict(common),
             restore=dict(data.get("restore") or {}),
             admin_access=data.get("adminAccess", False) is True,
+            share_id=share if isinstance(share, str) else None,
+            facts={key: attribute_from_json(value) for key, value in (data.get("facts") or {}).items()},
+            network=None if not isinstance(network, Mapping) else NetworkData(
+                interface_name=str(network.get("interfaceName", "")),
+                hardware_address=str(network.get("hardwareAddress", "")),
+                ips=tuple(str(ip) for ip in network.get("ips") or ()),
+            ),
         )
 
 

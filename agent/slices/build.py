@@ -16,7 +16,8 @@ from agent.kube.names import is_label_value
 from agent.kube.quantity import format_quantity
 from agent.slices.device_rules import validate_device
 from agent.slices.rules import MAX_COUNTER_SETS, MAX_DEVICES_PER_SLICE, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS
-from backends.contract import AttributeValue, CounterSet, Device, Version
+from backends.attributes import attribute_json
+from backends.contract import AttributeValue, CounterSet, Device
 
 __all__ = [
     "API_VERSION",
@@ -48,13 +49,7 @@ class PoolSlices:
 
 def attribute_body(value: AttributeValue) -> dict[str, Any]:
     """The API form of one attribute value."""
-    if isinstance(value, bool):  # before int: bool is an int in Python
-        return {"bool": value}
-    if isinstance(value, int):
-        return {"int": value}
-    if isinstance(value, Version):
-        return {"version": value.text}
-    return {"string": value}
+    return attribute_json(value)
 
 
 def device_body(device: Device, taints: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
