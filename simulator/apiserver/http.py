@@ -2,8 +2,9 @@
 log, JSON answers and ``Status`` errors, and watch streams (newline-delimited JSON events).
 
 Patches: ``application/merge-patch+json`` is applied as RFC 7386; ``application/strategic-merge-patch+json``
-is applied the same way, which is what strategic merge does for the atomic lists of ResourceSlices; JSON
-patch and server-side apply are refused with 415.
+is applied the same way, which is what strategic merge does for the atomic lists of ResourceSlices;
+server-side apply (``application/apply-patch+yaml``) is served on ``resourceclaims/<name>/status`` for
+``status.devices`` (simulator/apiserver/apply.py); JSON patch and server-side apply elsewhere are refused with 415.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from aiohttp import web
 
+from simulator.apiserver.apply import APPLY_PATCH
 from simulator.apiserver.faults import FaultRules, RequestRecord
 from simulator.apiserver.resources import (
     VERSION_INFO,
@@ -190,6 +193,11 @@ class HttpFrontEnd:
         if request.method == "PUT":
             body = await _body(request, frozenset({"application/json"}))
             return json_response(self.store.update(rt, namespace, name, body, status=status, dry_run=dry_run))
+        if request.method == "PATCH" and request.content_type == APPLY_PATCH and status and rt.has_status:
+            body = await _body(request, frozenset({APPLY_PATCH}))
+            query = request.query
+            return json_response(self.store.apply_status(rt, namespace, name, body, query.get("fieldManager", ""),
+                                                         force=_flag(query.get("force")), dry_run=dry_run))
         if request.method == "PATCH":
             patch = await _body(request, _MERGE_TYPES)
             return json_response(self.store.patch(rt, namespace, name, patch, status=status, dry_run=dry_run))
@@ -267,4 +275,9 @@ async def _body(request: web.Request, accepted: frozenset[str], *, optional: boo
     try:
         return json.loads(raw)
     except ValueError as error:
+        if request.content_type == APPLY_PATCH:  # YAML, of which JSON is a part
+            try:
+                return yaml.safe_load(raw)
+            except yaml.YAMLError:
+                pass
         raise ApiError(400, f"couldn't get version/kind; json parse error: {error}") from None

@@ -14,7 +14,8 @@ from agent.events.rules import is_micro_time
 from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
 from simulator.apiserver.resources import ApiError, JsonObject
 
-__all__ = ["Key", "decode_micro_times", "default_taint_times", "drop_disabled_fields", "json_copy", "merge_patch",
+__all__ = ["Key", "decode_micro_times", "default_taint_times", "drop_deallocated_status_devices",
+           "drop_disabled_fields", "json_copy", "merge_patch",
            "name_errors", "now", "object_key", "with_version", "without_type"]
 
 Key = tuple[str, str]  # (namespace or "", name)
@@ -92,6 +93,28 @@ def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[
             for name in device_fields:
                 if isinstance(device, dict):
                     device.pop(name, None)
+
+
+def drop_deallocated_status_devices(claim: JsonObject, old: Mapping[str, Any]) -> None:
+    """The ResourceClaim status strategy: entries of ``status.devices`` whose device left the allocation go, matched
+    on driver, pool and device (not shareID)."""
+
+    def results(obj: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
+        allocation = (obj.get("status") or {}).get("allocation") or {}
+        found = ((allocation.get("devices") or {}).get("results") or []) if isinstance(allocation, dict) else []
+        return {(r.get("driver"), r.get("pool"), r.get("device")) for r in found if isinstance(r, dict)}
+
+    gone = results(old) - results(claim)
+    status = claim.get("status")
+    if not gone or not isinstance(status, dict) or not isinstance(status.get("devices"), list):
+        return
+    devices: list[Any] = status["devices"]
+    kept = [d for d in devices if not isinstance(d, dict) or (d.get("driver"), d.get("pool"), d.get("device"))
+            not in gone]
+    if kept:
+        status["devices"] = kept
+    else:
+        del status["devices"]
 
 
 def default_taint_times(obj: JsonObject) -> None:

@@ -237,9 +237,20 @@ def invalid(rt: ResourceType, name: str, errors: Sequence[str]) -> ApiError:
     return ApiError(422, f'{rt.qualified_kind} "{name}" is invalid: {summary}', details=details)
 
 
+_CAUSE_PREFIXES = (
+    ("Required value", "FieldValueRequired"), ("Duplicate value", "FieldValueDuplicate"),
+    ("Too long", "FieldValueTooLong"), ("Too many", "FieldValueTooMany"),
+    ("Unsupported value", "FieldValueNotSupported"),
+    ("Invalid value", "FieldValueInvalid"),
+)
+
+
 def _cause(error: str) -> JsonObject:
     field, message = _split_field(error)
     lowered = message.lower()
+    for prefix, reason in _CAUSE_PREFIXES:  # the wording of Go's field.Error
+        if message.startswith(prefix):
+            return {"reason": reason, "message": message, "field": field}
     if "required" in lowered:
         reason = "FieldValueRequired"
     elif "duplicate" in lowered:

@@ -7,7 +7,8 @@ objects, fault injection and the request log. Run ``python -m simulator.apiserve
 PATH`` to serve it standalone until SIGINT or SIGTERM.
 
 Left out on purpose: namespaces as objects (any namespace exists), finalizers and graceful deletion,
-admission, feature-gated field dropping, Warning headers, managedFields and server-side apply, JSON patch
+admission, feature-gated field dropping, Warning headers, managedFields and server-side apply (but for a
+ResourceClaim's status.devices, simulator/apiserver/apply.py), JSON patch
 and strategic-merge directives, ``fieldValidation``, validation of other kinds than ResourceSlice and
 events.k8s.io/v1 Event beyond their names, the time to live of Events, consistent snapshots behind list
 ``continue`` tokens and ``resourceVersion`` reads, closing watches that fall behind, conversion between the

@@ -1,10 +1,12 @@
 """The test API server's storage: objects, the global resourceVersion, the change history and open watches.
 
 Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
-and taint ``timeAdded``, ResourceClaim status only through ``/status``), validation (422: ResourceSlices and
-events.k8s.io/v1 Events in full, other kinds their names), optimistic concurrency (409), and no-op updates that
-neither bump the resourceVersion nor notify watchers. Stored objects
-are never mutated once committed, so they can be shared with watchers and serialised without copying.
+and taint ``timeAdded``, ResourceClaim status only through ``/status``, its ``status.devices`` entries of
+deallocated devices dropped), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
+ResourceClaim's ``status.devices`` on status writes, other kinds their names), optimistic concurrency (409),
+no-op updates that neither bump the resourceVersion nor notify watchers, and server-side apply of a claim's
+``status.devices``. Stored objects are never mutated once committed, so they can be shared with watchers and
+serialised without copying.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ import json
 import secrets
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from agent.claims.status_rules import claim_status_errors
 from agent.events.rules import validate_event, validate_event_update
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
+from simulator.apiserver.apply import apply_status_devices, prune_managed_fields
 from simulator.apiserver.objects import (
     Key,
     decode_micro_times,
     default_taint_times,
+    drop_deallocated_status_devices,
     drop_disabled_fields,
     json_copy,
     merge_patch,
@@ -173,9 +178,12 @@ class Store:
                 return name
 
     def update(
-        self, rt: ResourceType, namespace: str, name: str, body: Any, *, status: bool = False, dry_run: bool = False
+        self, rt: ResourceType, namespace: str, name: str, body: Any, *, status: bool = False, dry_run: bool = False,
+        managed_fields: Sequence[JsonObject] | None = None,
     ) -> JsonObject:
-        """PUT (or ``/status`` PUT): optimistic concurrency on ``metadata.resourceVersion`` when it is set."""
+        """PUT (or ``/status`` PUT): optimistic concurrency on ``metadata.resourceVersion`` when it is set.
+        ``managed_fields``: the object's managedFields after a server-side apply (else they are kept, less the
+        ``status.devices`` entries the write removed)."""
         obj = self._accept(rt, namespace, body)
         meta = obj["metadata"]
         if meta.get("name") != name:
@@ -194,7 +202,7 @@ class Store:
             if obj["status"] is None:
                 del obj["status"]
         else:
-            for field in _SYSTEM_FIELDS:
+            for field in (*_SYSTEM_FIELDS, "managedFields"):
                 meta.pop(field, None)
                 if field in old_meta:
                     meta[field] = old_meta[field]
@@ -207,11 +215,20 @@ class Store:
             default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
         if rt.tracks_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation") or 0) + 1
+        if rt is RESOURCE_CLAIMS and status:
+            drop_deallocated_status_devices(obj, old)
+            managed = list(managed_fields) if managed_fields is not None else prune_managed_fields(
+                old_meta.get("managedFields") or [], (obj.get("status") or {}).get("devices") or [])
+            meta.pop("managedFields", None)
+            if managed:
+                meta["managedFields"] = managed
         errors: list[str] = []
         if rt is RESOURCE_SLICES:
             errors = validate_resource_slice_update(old, obj)
         elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
             errors = ["spec: field is immutable"]
+        elif rt is RESOURCE_CLAIMS and status:
+            errors = claim_status_errors(obj.get("status") or {})
         elif rt is EVENTS_V1:
             decode_micro_times(obj)
             errors = validate_event_update(old, obj)
@@ -230,6 +247,27 @@ class Store:
             raise ApiError(400, "the patch must be a JSON object")
         old = self.get(rt, namespace if rt.namespaced else "", name)
         return self.update(rt, namespace, name, json_copy(merge_patch(old, patch)), status=status, dry_run=dry_run)
+
+    def apply_status(
+        self, rt: ResourceType, namespace: str, name: str, body: Any, manager: str, *, force: bool = False,
+        dry_run: bool = False,
+    ) -> JsonObject:
+        """Server-side apply on ``/status`` (ResourceClaims' ``status.devices`` only, simulator/apiserver/apply.py)."""
+        if rt is not RESOURCE_CLAIMS:
+            raise ApiError(415, "the body of the request was in an unknown format - accepted media types include: "
+                           "application/json, application/merge-patch+json, application/strategic-merge-patch+json")
+        if not isinstance(body, dict) or not body.get("apiVersion") or not body.get("kind"):
+            raise ApiError(400, "invalid object type: /, Kind=: apiVersion and kind must be set in an apply body")
+        applied = self._accept(rt, namespace, body)
+        old = self.get(rt, namespace, name)
+        meta = applied["metadata"]
+        if meta.get("name") != name:
+            raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
+                           f"URL ({name})")  # fmt: skip
+        status, managed = apply_status_devices(old, applied, manager, force=force, time=now())
+        preconditions = {k: meta[k] for k in ("name", "uid", "resourceVersion") if meta.get(k)}
+        return self.update(rt, namespace, name, {"metadata": preconditions, "status": status}, status=True,
+                           dry_run=dry_run, managed_fields=managed)
 
     def delete(
         self, rt: ResourceType, namespace: str, name: str, options: Any = None, *, dry_run: bool = False
