@@ -23,6 +23,7 @@ _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
     "driver_root", "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid",
     "metrics_address", "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
+    "claim_status",
 )
 
 
@@ -114,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "whose ResourceClaim is gone or no longer allocated here is unprepared")
     group.add_argument("--reap-grace", dest="reap_grace", type=float, metavar="SECONDS",
                        help="seconds a prepared claim must have been gone before it is unprepared (300)")
+    group.add_argument("--claim-status", dest="claim_status", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="write each prepared device's entry in its claim's status.devices and remove it at "
+                            "unprepare (default: on)")
     group.add_argument("--host-netns", dest="host_netns", metavar="auto|off|FILE",
                        help="network namespace for link and uevent sockets: auto (the host's, entered from a pod "
                             "of its own), off (the agent's), or a namespace file")

@@ -27,6 +27,7 @@ from agent.claims.preparer import Preparer
 from agent.claims.reaper import Reaper
 from agent.claims.records import ClaimRecord
 from agent.claims.recovery import recover
+from agent.claims.status_writer import ClaimStatusWriter
 from agent.events.recorder import EventRecorder
 from agent.kube.client import KubeClient
 from agent.kubelet.health_stream import HealthStream
@@ -40,7 +41,7 @@ from agent.slices.build import pool_slices
 from agent.slices.publisher import Features, Publisher
 from agent.slices.taints import TaintPolicy, device_taints
 from backends.capabilities import HasConfigTypes
-from backends.contract import DevicesChanged, Health, HealthEvent
+from backends.contract import ClaimRef, DevicesChanged, Health, HealthEvent
 from cdi.store import SpecStore
 
 __all__ = ["Driver", "DriverSetup"]
@@ -78,6 +79,7 @@ class Driver:
         self._index_owners()
         self._policy = TaintPolicy.of(setup.settings.no_execute)
         self.preparer: Preparer | None = None
+        self.claim_status: ClaimStatusWriter | None = None
         self.plugin: KubeletPlugin | None = None
         self.published = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -121,6 +123,8 @@ class Driver:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.plugin is not None:
             await self.plugin.stop(grace)
+        if self.claim_status is not None:
+            await self.claim_status.close()
         if self.preparer is not None:
             await asyncio.to_thread(self.preparer.checkpoint.close)
 
@@ -130,6 +134,11 @@ class Driver:
         """Replay the checkpoint (claims prepared before a restart stay prepared), publish, serve."""
         preparer = self.preparer = self._preparer()
         await recover(preparer)
+        if self.claim_status is not None:
+            # The status of claims prepared before this start is applied again: the last write may not have been.
+            for record in list(preparer.checkpoint.claims.values()):
+                if record.state == "completed":
+                    self.claim_status.resume(ClaimRef(record.uid, record.namespace, record.name), record)
         settings = self._setup.settings
         reaper = Reaper(preparer, self._setup.kube, self._setup.metrics, interval=settings.reap_interval,
                         grace=settings.reap_grace, on_reaped=self._reaped)
@@ -305,6 +314,10 @@ class Driver:
         plugin_dir = settings.plugins_dir / self.name
         plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         events = self._setup.events
+        if settings.claim_status and self.claim_status is None:
+            self.claim_status = ClaimStatusWriter(self._setup.kube, self.name, self._setup.node,
+                                                  metrics=self._setup.metrics)
+        writer = self.claim_status
         return Preparer(
             DriverDevices(self.name, self._setup.node, {r.name: r.plugin.backend for r in self._reports.values()},
                           self._owners.get, self._unusable),
@@ -315,7 +328,9 @@ class Driver:
             instances=InstanceGuard(FileLock(plugin_dir / "serialize.lock"), serialize=settings.pod_uid is not None,
                                     owner_alive=self._setup.instances.alive),
             reporting=Reporting(get_logger("preparer"), self._setup.metrics,
-                                None if events is None else partial(events.prepare_failed, self.name)),
+                                None if events is None else partial(events.prepare_failed, self.name),
+                                on_prepared=None if writer is None else writer.prepared,
+                                on_released=None if writer is None else writer.released),
         )
 
     def _reaped(self, record: ClaimRecord, why: str) -> None:

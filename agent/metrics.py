@@ -47,6 +47,10 @@ class Metrics:
         self.reaped_claims = Counter("dra_agent_reaped_claims", "Prepared claims unprepared because their "
                                      "ResourceClaim was gone, replaced or no longer allocated to this node",
                                      ["driver", "reason"], registry=self.registry)
+        self.claim_status_writes = Counter("dra_agent_claim_status_writes", "Server-side applies of a claim's "
+                                           "status.devices, by outcome: ok, error (tried again), gone (the claim was "
+                                           "deleted or replaced), refused (the server rejected it), gave-up",
+                                           ["driver", "outcome"], registry=self.registry)
         self.events = Counter("dra_agent_events", "Events the agent reported (each occurrence, repeats of a series "
                               "included), by type and reason", ["type", "reason"], registry=self.registry)
         self.events_dropped = Counter("dra_agent_events_dropped", "Events never written to the API server, by cause: "

@@ -78,6 +78,9 @@ class Settings(BaseModel):
     reap_grace: float = Field(default=300.0, ge=0, le=86400)
     """Seconds a prepared claim must have been found gone before it is unprepared: the kubelet's own unprepare may
     still be on its way."""
+    claim_status: bool = True
+    """Write each prepared device's entry (Ready, its facts, its network data) in its ResourceClaim's
+    status.devices, and remove it at unprepare; off: the agent never writes claims."""
     no_execute: tuple[str, ...] = ()
     """Health causes (e.g. gpu-lost, xid) whose device taint has effect NoExecute, evicting the pods that use
     the device; every other unhealthy device is tainted NoSchedule."""

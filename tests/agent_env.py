@@ -88,6 +88,8 @@ def flags_for(settings: Settings) -> list[str]:
             flags += [f"--{name.replace('_', '-')}", str(value)]
     if settings.driver_root:
         flags += ["--driver-root", str(settings.driver_root)]
+    if not settings.claim_status:
+        flags += ["--no-claim-status"]
     return flags
 
 

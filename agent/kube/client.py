@@ -73,6 +73,7 @@ _IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _JSON = "application/json"
 _MERGE_PATCH = "application/merge-patch+json"
+_APPLY_PATCH = "application/apply-patch+yaml"  # a JSON body is YAML too
 
 
 class KubeError(Exception):
@@ -148,7 +149,7 @@ class KubeClient:
 
     async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """A ResourceClaim, None when it does not exist."""
-        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        path = _claim(namespace, name)
         try:
             claim: Mapping[str, Any] = await self.request("GET", path, what=f"get resourceclaim {namespace}/{name}")
         except KubeError as e:
@@ -156,6 +157,16 @@ class KubeClient:
                 return None
             raise
         return claim
+
+    async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], field_manager: str,
+                                 timeout: float) -> dict[str, Any]:
+        """Server-side apply on a ResourceClaim's status as `field_manager`, forcing ownership: the server merges
+        the applied fields with those of other managers and removes what this manager owned and no longer applies."""
+        applied: dict[str, Any] = await self.request(
+            "PATCH", f"{_claim(namespace, name)}/status", body=body, content_type=_APPLY_PATCH, timeout=timeout,
+            query=[("fieldManager", field_manager), ("force", "true")],
+            what=f"apply status of resourceclaim {namespace}/{name}")
+        return applied
 
     async def get_node_uid(self, name: str) -> str:
         node = await self.request("GET", f"/api/v1/nodes/{quote(name)}", what=f"get node {name}")
@@ -237,6 +248,10 @@ class KubeClient:
             "PATCH", f"{_events(namespace)}/{quote(name)}", body=patch, content_type=_MERGE_PATCH,
             timeout=timeout, what=f"patch event {namespace}/{name}")
         return patched
+
+
+def _claim(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
 
 
 def _events(namespace: str) -> str:
