@@ -25,6 +25,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from agent.claims.records import ClaimRecord, DeviceRecord
+from agent.claims.status_writer import ClaimStatusWriter
 from agent.cli import build_parser, main
 from agent.events.recorder import EventRecorder, Pacing
 from agent.kube.client import KubeClient
@@ -133,6 +135,8 @@ EXPECTED_GRANTS = {
     ("resource.k8s.io", "resourceslices"): {"create", "get", "list", "watch", "update", "patch", "delete",
                                             "deletecollection"},
     ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+    ("resource.k8s.io", "resourceclaims/status"): {"get", "patch", "update"},
+    ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch", "associated-node:update"},
     ("", "nodes"): {"get"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
@@ -151,13 +155,13 @@ _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete
 
 
 def _verb(method: str, path: str) -> tuple[str, str, str]:
-    """(API group, resource, RBAC verb) of a request the test API server logged."""
+    """(API group, resource or resource/subresource, RBAC verb) of a request the test API server logged."""
     parts = path.strip("/").split("/")
     group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
     if rest[0] == "namespaces" and len(rest) > 2:
         rest = rest[2:]
     verb = _VERBS.get(method) or ("get" if len(rest) > 1 else "list")
-    return group, rest[0], verb
+    return group, "/".join(rest[0:1] + rest[2:3]), verb
 
 
 async def test_the_role_allows_every_request_of_the_event_recorder(scratch: Path) -> None:
@@ -187,11 +191,45 @@ async def test_the_role_allows_every_request_of_the_event_recorder(scratch: Path
     assert all(verb in grants.get((group, resource), set()) for group, resource, verb in made), made
 
 
+async def test_the_role_allows_every_request_of_the_claim_status_writer(scratch: Path,
+                                                                       agent_drivers: set[str]) -> None:
+    """A driver's status writes (apply, removal, the re-apply after a restart with its read of the claim) are
+    granted, and so is the per-driver check the API server makes since 1.36 for each driver whose entries change:
+    `resourceclaims/driver` named after the driver, verb `associated-node:<verb>`."""
+    async with TestApiServer() as server:
+        kube = await KubeClient.connect(server.write_kubeconfig(scratch / "kubeconfig"))
+        claim = ClaimRef("0b6f0c52-9d6f-4d4e-9c1e-2a1f0d1f7e11", "team-a", "my-claim")
+        server.put_claim({"metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+                          "spec": {}, "status": {"allocation": {"devices": {"results": [
+                              {"request": "r", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}}}})
+        record = ClaimRecord(claim.uid, claim.namespace, claim.name, "completed", "boot",
+                             (DeviceRecord("gpu-0", "nvidia-gpu"),))
+        writer = ClaimStatusWriter(kube, "gpu.nvidia.com", "node-a")
+        try:
+            writer.resume(claim, record)
+            await wait_until(lambda: server.count_requests("PATCH", status=200) == 1)
+            writer.released(claim, record)
+            await wait_until(lambda: server.count_requests("PATCH", status=200) == 2)
+        finally:
+            await writer.close()
+            await kube.close()
+        made = {_verb(r.method, r.path) for r in server.find_requests()}
+    assert made == {("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceclaims/status", "patch")}
+    grants = _grants()
+    assert all(verb in grants.get((group, resource), set()) for group, resource, verb in made), made
+    (driver_rule,) = [r for r in _one("ClusterRole")["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert set(driver_rule["resourceNames"]) == agent_drivers
+    assert "associated-node:patch" in driver_rule["verbs"]
+
+
 def test_cluster_role_grants_exactly_what_the_agent_needs() -> None:
     role = _one("ClusterRole")
     assert not role.get("aggregationRule"), "an aggregated role gets its rules from elsewhere"
     for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected fields (resourceNames, URLs): {rule}"
+        # Only the per-driver status check names objects: the driver names.
+        allowed = {"apiGroups", "resources", "verbs"} | (
+            {"resourceNames"} if rule["resources"] == ["resourceclaims/driver"] else set())
+        assert set(rule) <= allowed, f"unexpected fields (resourceNames, URLs): {rule}"
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {field}: {rule}"
     assert _grants() == EXPECTED_GRANTS
