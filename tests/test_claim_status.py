@@ -179,7 +179,7 @@ def devices_of(body: Mapping[str, Any]) -> list[str]:
 async def test_the_latest_wanted_state_wins() -> None:
     api, metrics = FakeApi(), Metrics()
     api.gate = asyncio.Event()
-    writer = ClaimStatusWriter(api, DRIVER, POOL, metrics=metrics, backoff=FAST)
+    writer = ClaimStatusWriter(api, DRIVER, POOL, metrics=metrics, backoff=FAST, settle=0.0)
     writer.prepared(REF, ONE)
     await asyncio.sleep(0.01)  # the first write is under way, held
     writer.released(REF, ONE)
@@ -190,6 +190,15 @@ async def test_the_latest_wanted_state_wins() -> None:
     assert [devices_of(body) for _, body in api.applied] == [["gpu-0"], []]
     assert {manager for manager, _ in api.applied} == {DRIVER}
     assert writes(metrics, "ok") == 2
+
+
+async def test_a_state_replaced_at_once_is_not_written() -> None:
+    api = FakeApi()
+    writer = ClaimStatusWriter(api, DRIVER, POOL, backoff=FAST, settle=0.05)
+    writer.prepared(REF, ONE)
+    writer.released(REF, ONE)
+    await settled(writer)
+    assert [devices_of(body) for _, body in api.applied] == [[]]
 
 
 async def test_failures_are_tried_again_then_given_up() -> None:

@@ -11,10 +11,11 @@ Writes are server-side applies on `resourceclaims/<name>/status` with the driver
 this driver wrote before and no longer applies (the whole unprepare is an apply of none).
 
 Nothing here waits for the API server on the caller's behalf: `prepared` and `released` only note the state
-wanted for the claim; one task per claim writes it, the latest wanted state winning over any not written yet. A
-write that fails for want of the server (unreachable, 5xx, 429, 409) is tried again with exponential backoff, a
-bounded number of times. The server's refusal (422: its message is logged) and a claim that is gone (404, or one
-of the same name with another UID) end it. Every attempt is counted (`dra_agent_claim_status_writes_total`).
+wanted for the claim; one task per claim writes it, a few milliseconds later (`SETTLE_SECONDS`), the latest wanted
+state winning over any not written yet. A write that fails for want of the server (unreachable, 5xx, 429, 409) is
+tried again with exponential backoff, a bounded number of times. The server's refusal (422: its message is
+logged) and a claim that is gone (404, or one of the same name with another UID) end it. Every attempt is counted
+(`dra_agent_claim_status_writes_total`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ from agent.logs import get_logger
 from agent.metrics import Metrics
 from backends.contract import ClaimRef
 
-__all__ = ["Backoff", "ClaimStatusWriter", "StatusApi"]
+__all__ = ["SETTLE_SECONDS", "Backoff", "ClaimStatusWriter", "StatusApi"]
+
+SETTLE_SECONDS = 0.01
+"""A claim's first write waits this long after it is wanted: the kubelet's answer goes out first (the write's own
+work would otherwise run on the loop before it), and a state replaced at once (a claim unprepared as soon as it
+was prepared) is not written at all."""
 
 Outcome = Literal["ok", "error", "gone", "refused"]
 
@@ -70,13 +76,14 @@ class ClaimStatusWriter:
 
     def __init__(self, api: StatusApi, driver: str, pool: str, *, metrics: Metrics | None = None,
                  log: FilteringBoundLogger | None = None, backoff: Backoff = Backoff(),
-                 clock: Callable[[], float] = time.time) -> None:
+                 settle: float = SETTLE_SECONDS, clock: Callable[[], float] = time.time) -> None:
         self._api = api
         self.driver = driver
         self.pool = pool
         self._metrics = metrics
         self._log = (log or get_logger("claim-status")).bind(driver=driver)
         self._backoff = backoff
+        self._settle = settle
         self._clock = clock
         self._wanted: dict[str, tuple[ClaimRef, ClaimRecord | None]] = {}  # claim UID → what to write next
         self._workers: dict[str, asyncio.Task[None]] = {}
@@ -123,6 +130,7 @@ class ClaimStatusWriter:
         """Write the claim's wanted state until there is none left to write."""
         failures = 0
         try:
+            await asyncio.sleep(self._settle)
             while (wanted := self._wanted.pop(uid, None)) is not None:
                 outcome = await self._write(*wanted)
                 if outcome != "error":
