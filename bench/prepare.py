@@ -11,9 +11,13 @@ kubelet simulator run in this process and talk to it over loopback HTTP and real
 3. 100 claims on distinct devices prepared concurrently (100 pods starting at once);
 4. the agent's RSS after start-up and after 1,000 and 2,000 prepare/unprepare cycles.
 
+The claims' status.devices are written as the agent does by default; `--no-claim-status` runs without.
+`--claim-status-ab` measures only the 1-GPU prepare latency, with status writes off and on, in alternating blocks
+of agents started on the same simulated node (off, on, off, on), and prints both and their difference.
+
 The packages' bytecode is compiled first, as an installed package has it (unless --no-compile).
 
-    python bench/prepare.py [--cycles 1000] [--starts 5] [--no-compile]
+    python bench/prepare.py [--cycles 1000] [--starts 5] [--no-compile] [--no-claim-status | --claim-status-ab]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
+STATUS = "/apis/resource.k8s.io/v1/namespaces/*/resourceclaims/*/status"
 KERNEL_START = "simulator.kernel.process:KernelProcess.start"
 
 
@@ -64,13 +69,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: Path, kubeconfig: Path,
-                      run: int, agents: list[AgentProcess]) -> tuple[AgentProcess, KubeletSimulator,
-                                                                     dict[str, Plugin], float, float]:
+                      run: int, agents: list[AgentProcess], *, claim_status: bool = True,
+                      ) -> tuple[AgentProcess, KubeletSimulator, dict[str, Plugin], float, float]:
     """Start an agent (added to `agents`, to be stopped whatever happens) and time its start-up."""
     root = memory / f"run{run}"
     # The simulated node is kept across starts, as a real host's sysfs is there before the agent starts.
     settings = settings_for(root, kubeconfig, str(profile)).model_copy(
-        update={"state_dir": disk / f"state{run}", "log_level": "info", "sim_root": memory / "node"})
+        update={"state_dir": disk / f"state{run}", "log_level": "info", "sim_root": memory / "node",
+                "claim_status": claim_status})
     # The simulated kernel's process start is timed inside the agent, to be told apart: a real node's kernel runs
     # before the agent starts.
     agent = AgentProcess(settings, environment(memory, memory / "kernel-start", [("kernel", KERNEL_START)]))
@@ -93,6 +99,62 @@ def pools_complete(server: TestApiServer) -> set[str]:
     return {driver for (driver, _), counts in slices.items() if len(counts) == counts[0]}
 
 
+async def prepare_latency(server: TestApiServer, plugin: Plugin, gpus: list[str], cycles: int, tag: str,
+                          warm_up: int = 0) -> list[float]:
+    """Seconds of each of `cycles` 1-GPU prepares (each followed by its unprepare), over 8 claims in turn."""
+    claims = [allocate(server, f"{tag}-{i}", [("gpu", GPU, gpus[i % len(gpus)])]) for i in range(8)]
+    latency = []
+    for cycle in range(warm_up + cycles):
+        ref = claims[cycle % len(claims)]
+        t = time.perf_counter()
+        await plugin.prepare_or_raise([ref])
+        if cycle >= warm_up:
+            latency.append(time.perf_counter() - t)
+        await plugin.unprepare_or_raise([ref])
+    return latency
+
+
+async def claim_status_ab(cycles: int) -> None:
+    """The 1-GPU prepare latency with the claims' status writes off and on, in blocks back to back."""
+    memory = Path(tempfile.mkdtemp(prefix="drab", dir="/dev/shm"))
+    disk = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir="/var/tmp"))
+    profile = profile_with_vfs(64, memory)
+    agents: list[AgentProcess] = []
+    latency: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        async with TestApiServer() as server:
+            server.add_node(NODE)
+            kubeconfig = server.write_kubeconfig(memory / "kubeconfig")
+            for block, on in enumerate((False, True, False, True)):
+                for obj in server.objects("resourceslices"):
+                    server.delete_object("resourceslices", obj["metadata"]["name"])
+                writes = server.count_requests("PATCH", STATUS)
+                agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, block,
+                                                                  agents, claim_status=on)
+                slices = server.objects("resourceslices")
+                gpus = [d["name"] for s in slices if s["spec"]["driver"] == GPU for d in s["spec"].get("devices", [])]
+                latency[on] += await prepare_latency(server, plugins[GPU], gpus, cycles // 2, f"b{block}", 50)
+                if on:  # the writes did happen, in the background
+                    await wait_until(
+                        lambda before=writes: server.count_requests("PATCH", STATUS, status=200) > before, 30)
+                else:
+                    assert server.count_requests("PATCH", STATUS) == writes, "status written with the setting off"
+                await kubelet.close()
+                await agent.stop()
+    finally:
+        for started in agents:
+            await started.stop()
+        shutil.rmtree(memory, ignore_errors=True)
+        shutil.rmtree(disk, ignore_errors=True)
+    ms = 1000
+    p50 = {on: percentile(values, 0.5) * ms for on, values in latency.items()}
+    for on in (False, True):
+        values = latency[on]
+        print(f"1-GPU prepare, claim status {'on ' if on else 'off'} ({len(values)} calls): p50 {p50[on]:.3f} ms, "
+              f"p99 {percentile(values, 0.99) * ms:.3f} ms, mean {statistics.fmean(values) * ms:.3f} ms")
+    print(f"p50 on - off: {p50[True] - p50[False]:+.3f} ms")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=1000)
@@ -100,10 +162,17 @@ async def main() -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="leave the packages' bytecode as it is (a source tree without __pycache__ run with "
                              "PYTHONDONTWRITEBYTECODE compiles every module at every start)")
+    parser.add_argument("--no-claim-status", dest="claim_status", action="store_false",
+                        help="run the agent without writing the claims' status.devices")
+    parser.add_argument("--claim-status-ab", action="store_true",
+                        help="only compare the 1-GPU prepare latency with status writes off and on")
     args = parser.parse_args()
     if args.compile:
         compile_packages()
     print(conditions())
+    if args.claim_status_ab:
+        await claim_status_ab(args.cycles)
+        return
     memory = Path(tempfile.mkdtemp(prefix="drab", dir="/dev/shm"))
     disk = Path(tempfile.mkdtemp(prefix="dra-bench-state-", dir="/var/tmp"))
     profile = profile_with_vfs(64, memory)
@@ -117,11 +186,12 @@ async def main() -> None:
                 for obj in server.objects("resourceslices"):
                     server.delete_object("resourceslices", obj["metadata"]["name"])
                 agent, kubelet, _, began, seconds = await start_agent(server, memory, disk, profile, kubeconfig,
-                                                                      run, agents)
+                                                                      run, agents, claim_status=args.claim_status)
                 startups.append((began, seconds))
                 await kubelet.close()
                 await agent.stop()
-            agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99, agents)
+            agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99, agents,
+                                                              claim_status=args.claim_status)
             assert agent.process is not None
             pid = agent.process.pid
             rss_start = rss_mb(pid)
