@@ -12,8 +12,9 @@ kubelet simulator run in this process and talk to it over loopback HTTP and real
 4. the agent's RSS after start-up and after 1,000 and 2,000 prepare/unprepare cycles.
 
 The claims' status.devices are written as the agent does by default; `--no-claim-status` runs without.
-`--claim-status-ab` measures only the 1-GPU prepare latency, with status writes off and on, in alternating blocks
-of agents started on the same simulated node (off, on, off, on), and prints both and their difference.
+`--claim-status-ab` measures only the 1-GPU prepare latency and the agent's CPU time per prepare/unprepare cycle,
+with status writes off and on, `--cycles` calls each, in blocks of agents started on the same simulated node in the
+order off on on off off on on off (drift of the machine's speed cancels out), and prints both and the difference.
 
 The packages' bytecode is compiled first, as an installed package has it (unless --no-compile).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import compileall
+import os
 import shutil
 import statistics
 import sys
@@ -63,6 +65,12 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -99,17 +107,16 @@ def pools_complete(server: TestApiServer) -> set[str]:
     return {driver for (driver, _), counts in slices.items() if len(counts) == counts[0]}
 
 
-async def prepare_latency(server: TestApiServer, plugin: Plugin, gpus: list[str], cycles: int, tag: str,
-                          warm_up: int = 0) -> list[float]:
+async def prepare_latency(server: TestApiServer, plugin: Plugin, gpus: list[str], cycles: int, tag: str
+                          ) -> list[float]:
     """Seconds of each of `cycles` 1-GPU prepares (each followed by its unprepare), over 8 claims in turn."""
     claims = [allocate(server, f"{tag}-{i}", [("gpu", GPU, gpus[i % len(gpus)])]) for i in range(8)]
     latency = []
-    for cycle in range(warm_up + cycles):
+    for cycle in range(cycles):
         ref = claims[cycle % len(claims)]
         t = time.perf_counter()
         await plugin.prepare_or_raise([ref])
-        if cycle >= warm_up:
-            latency.append(time.perf_counter() - t)
+        latency.append(time.perf_counter() - t)
         await plugin.unprepare_or_raise([ref])
     return latency
 
@@ -121,11 +128,14 @@ async def claim_status_ab(cycles: int) -> None:
     profile = profile_with_vfs(64, memory)
     agents: list[AgentProcess] = []
     latency: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    writes_made, cycles_made = 0, 0
+    order = (False, True, True, False, False, True, True, False)
     try:
         async with TestApiServer() as server:
             server.add_node(NODE)
             kubeconfig = server.write_kubeconfig(memory / "kubeconfig")
-            for block, on in enumerate((False, True, False, True)):
+            for block, on in enumerate(order):
                 for obj in server.objects("resourceslices"):
                     server.delete_object("resourceslices", obj["metadata"]["name"])
                 writes = server.count_requests("PATCH", STATUS)
@@ -133,10 +143,17 @@ async def claim_status_ab(cycles: int) -> None:
                                                                   agents, claim_status=on)
                 slices = server.objects("resourceslices")
                 gpus = [d["name"] for s in slices if s["spec"]["driver"] == GPU for d in s["spec"].get("devices", [])]
-                latency[on] += await prepare_latency(server, plugins[GPU], gpus, cycles // 2, f"b{block}", 50)
+                assert agent.process is not None
+                measured = cycles // order.count(on)
+                await prepare_latency(server, plugins[GPU], gpus, 50, f"w{block}")  # warm-up
+                before = cpu_seconds(agent.process.pid)
+                latency[on] += await prepare_latency(server, plugins[GPU], gpus, measured, f"b{block}")
+                cpu[on].append((cpu_seconds(agent.process.pid) - before) / measured)
+                cycles_made += (50 + measured) if on else 0
                 if on:  # the writes did happen, in the background
                     await wait_until(
                         lambda before=writes: server.count_requests("PATCH", STATUS, status=200) > before, 30)
+                    writes_made += server.count_requests("PATCH", STATUS) - writes
                 else:
                     assert server.count_requests("PATCH", STATUS) == writes, "status written with the setting off"
                 await kubelet.close()
@@ -151,8 +168,10 @@ async def claim_status_ab(cycles: int) -> None:
     for on in (False, True):
         values = latency[on]
         print(f"1-GPU prepare, claim status {'on ' if on else 'off'} ({len(values)} calls): p50 {p50[on]:.3f} ms, "
-              f"p99 {percentile(values, 0.99) * ms:.3f} ms, mean {statistics.fmean(values) * ms:.3f} ms")
-    print(f"p50 on - off: {p50[True] - p50[False]:+.3f} ms")
+              f"p99 {percentile(values, 0.99) * ms:.3f} ms, mean {statistics.fmean(values) * ms:.3f} ms; agent CPU "
+              f"per prepare/unprepare cycle {statistics.fmean(cpu[on]) * ms:.3f} ms")
+    print(f"p50 on - off: {p50[True] - p50[False]:+.3f} ms; status writes with it on: {writes_made} "
+          f"({writes_made / cycles_made:.2f} per prepare/unprepare cycle; each cycle wants two)")
 
 
 async def main() -> None:

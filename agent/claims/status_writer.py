@@ -39,7 +39,7 @@ from backends.contract import ClaimRef
 
 __all__ = ["SETTLE_SECONDS", "Backoff", "ClaimStatusWriter", "StatusApi"]
 
-SETTLE_SECONDS = 0.01
+SETTLE_SECONDS = 0.05
 """A claim's first write waits this long after it is wanted: the kubelet's answer goes out first (the write's own
 work would otherwise run on the loop before it), and a state replaced at once (a claim unprepared as soon as it
 was prepared) is not written at all."""
