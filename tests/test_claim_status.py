@@ -30,6 +30,7 @@ from backends.attributes import AttributeValue, Version
 from backends.contract import ClaimRef, NetworkData
 from simulator.apiserver.resources import RESOURCE_CLAIMS, ApiError
 from simulator.apiserver.store import Store
+from tests.timing import scaled
 
 DRIVER, POOL = "gpu.nvidia.com", "node-a"
 SINCE = "2026-11-26T10:00:00Z"
@@ -156,7 +157,7 @@ class FakeApi:
         return self.claims.get(name)
 
 
-FAST = Backoff(first=0.001, limit=0.002, attempts=4, timeout=1.0)
+FAST = Backoff(first=0.001, limit=0.002, attempts=4, timeout=scaled(1.0))
 REF = ClaimRef("0b6f0c52-9d6f-4d4e-9c1e-2a1f0d1f7e11", "team-a", "my-claim")
 ONE = record(DeviceRecord("gpu-0", "nvidia-gpu"))
 
@@ -167,7 +168,7 @@ def writes(metrics: Metrics, outcome: str) -> float:
 
 
 async def settled(writer: ClaimStatusWriter) -> None:
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(scaled(5)):
         while writer.pending:  # noqa: ASYNC110 - the writer's tasks end on their own
             await asyncio.sleep(0.001)
 

@@ -169,13 +169,13 @@ async def test_a_bad_entry_is_refused_with_the_real_field_path(api: Api, bad: di
 async def test_duplicate_keys_are_refused(api: Api) -> None:
     with pytest.raises(KubeError) as refused:
         await api.apply(GPU, entry(GPU, "gpu-0"), entry(GPU, "gpu-0"))
-    assert refused.value.status == 422 and "status.devices[1]: Duplicate value" in str(refused.value)
+    assert refused.value.status == 422 and "status.devices[1].deviceID: Duplicate value" in str(refused.value)
     claim = api.claim()
     claim["status"]["devices"] = [entry(GPU, "gpu-0"), entry(GPU, "gpu-0")]
     with pytest.raises(KubeError) as put:
         await api.kube.request("PUT", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
                                body=claim)
-    assert put.value.status == 422 and "status.devices[1]: Duplicate value" in str(put.value)
+    assert put.value.status == 422 and "status.devices[1].deviceID: Duplicate value" in str(put.value)
 
 
 async def test_status_devices_are_written_through_status_only(api: Api) -> None:

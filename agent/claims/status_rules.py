@@ -104,7 +104,7 @@ def claim_status_errors(claim_status: Mapping[str, Any]) -> list[str]:
         if key not in allocated:
             errors.append(f"{path}: Invalid value: {_json(_shown(key))}: must be an allocated device in the claim")
         if key in seen:
-            errors.append(f"{path}: Duplicate value: {_json(_shown(key))}")
+            errors.append(f"{path}.deviceID: Duplicate value: {_json(_shown(key))}")
         seen.add(key)
     return errors
 

@@ -32,6 +32,7 @@ from structlog.typing import FilteringBoundLogger
 
 from agent.claims.records import ClaimRecord
 from agent.claims.status import READY, StatusApply, released_status, rfc3339, status_apply
+from agent.claims.status_rules import is_rfc3339
 from agent.kube.client import KubeError
 from agent.logs import get_logger
 from agent.metrics import Metrics
@@ -132,7 +133,11 @@ class ClaimStatusWriter:
         try:
             await asyncio.sleep(self._settle)
             while (wanted := self._wanted.pop(uid, None)) is not None:
-                outcome = await self._write(*wanted)
+                try:
+                    outcome = await self._write(*wanted)
+                except Exception:  # a defect must not end the claim's writes unseen, nor the others'
+                    self._log.exception("writing the claim's status failed", uid=uid)
+                    outcome = "refused"
                 if outcome != "error":
                     failures = 0
                     continue
@@ -191,13 +196,16 @@ class ClaimStatusWriter:
         """Take the Ready time of this driver's entries on the claim as the server holds them, if it has any."""
         self._resuming.discard(ref.uid)
         with contextlib.suppress(KubeError):
-            claim = await self._api.get_claim(ref.namespace, ref.name)
-            for entry in ((claim or {}).get("status") or {}).get("devices") or ():
-                if entry.get("driver") != self.driver or (claim or {}).get("metadata", {}).get("uid") != ref.uid:
+            claim = await self._api.get_claim(ref.namespace, ref.name) or {}
+            if (claim.get("metadata") or {}).get("uid") != ref.uid:
+                return
+            for entry in (claim.get("status") or {}).get("devices") or ():
+                if not isinstance(entry, Mapping) or entry.get("driver") != self.driver:
                     continue
                 for condition in entry.get("conditions") or ():
-                    if condition.get("type") == READY and condition.get("status") == "True":
-                        self._since.setdefault(ref.uid, str(condition.get("lastTransitionTime")))
+                    if (isinstance(condition, Mapping) and condition.get("type") == READY
+                            and condition.get("status") == "True" and is_rfc3339(condition.get("lastTransitionTime"))):
+                        self._since.setdefault(ref.uid, str(condition["lastTransitionTime"]))
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:

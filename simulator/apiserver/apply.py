@@ -44,7 +44,7 @@ def apply_status_devices(old: Mapping[str, Any], applied: Mapping[str, Any], man
     for i, entry in enumerate(entries):
         key = device_key(entry)
         if key in wanted:
-            raise invalid(RESOURCE_CLAIMS, name, [f"status.devices[{i}]: Duplicate value: {_key_text(key)}"])
+            raise invalid(RESOURCE_CLAIMS, name, [f"status.devices[{i}].deviceID: Duplicate value: {_key_text(key)}"])
         wanted[key] = dict(entry)
     old_status: JsonObject = dict(old.get("status") or {})
     live: list[JsonObject] = list(old_status.get("devices") or [])
