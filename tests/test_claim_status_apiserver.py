@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from agent.kube.client import KubeClient, KubeError
+from simulator.apiserver.objects import drop_deallocated_status_devices
 from simulator.apiserver.server import TestApiServer
 
 NODE = "node-a"
@@ -207,20 +208,13 @@ async def test_an_apply_for_a_replaced_claim_does_not_land(api: Api) -> None:
 
 
 async def test_entries_of_deallocated_devices_are_dropped(api: Api) -> None:
-    await api.apply(GPU, entry(GPU, "gpu-0"), entry(GPU, "gpu-1"))
+    await api.apply(GPU, entry(GPU, "gpu-0"), entry(GPU, "gpu-2", shareID=SHARE))
     await api.apply(NIC, entry(NIC, "vf-0"))
-    claim = api.claim()
-    claim["status"]["allocation"]["devices"]["results"] = [
-        r for r in claim["status"]["allocation"]["devices"]["results"] if r["device"] != "gpu-1"]
-    await api.kube.request("PUT", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
-                           body=claim)
-    assert api.devices() == [(GPU, "gpu-0"), (NIC, "vf-0")]
     owned = {m["manager"]: list(m["fieldsV1"]["f:status"]["f:devices"]) for m in
              api.claim()["metadata"]["managedFields"]}
-    assert owned == {GPU: ['k:{"device":"gpu-0","driver":"gpu.example.com","pool":"node-a"}'],
-                     NIC: ['k:{"device":"vf-0","driver":"nic.example.com","pool":"node-a"}']}
+    assert owned[NIC] == ['k:{"device":"vf-0","driver":"nic.example.com","pool":"node-a"}']
     claim = api.claim()
-    del claim["status"]["allocation"]
+    del claim["status"]["allocation"]  # deallocated (an allocation is otherwise immutable)
     await api.kube.request("PUT", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
                            body=claim)
     assert api.devices() == [] and "managedFields" not in api.claim()["metadata"]
@@ -235,3 +229,16 @@ async def test_a_yaml_apply_body_is_read(api: Api) -> None:
     ) as response:
         assert response.status == 200, await response.text()
     assert api.devices() == [(GPU, "gpu-0")]
+
+
+def test_a_share_leaving_the_allocation_takes_only_its_own_entry() -> None:
+    other = "7e0d9a1b-2c3d-4e5f-8a9b-0c1d2e3f4a5b"
+
+    def share(uid: str) -> dict[str, Any]:
+        return {"driver": GPU, "pool": NODE, "device": "gpu-2", "shareID": uid}
+
+    old = {"status": {"allocation": {"devices": {"results": [share(SHARE), share(other)]}}}}
+    new: dict[str, Any] = {"status": {"allocation": {"devices": {"results": [share(other)]}},
+                                      "devices": [share(SHARE), share(other)]}}
+    drop_deallocated_status_devices(new, old)
+    assert new["status"]["devices"] == [share(other)]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
+from agent.claims.status_rules import allocated_keys, device_key
 from agent.events.rules import is_micro_time
 from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
 from simulator.apiserver.resources import ApiError, JsonObject
@@ -96,21 +97,13 @@ def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[
 
 
 def drop_deallocated_status_devices(claim: JsonObject, old: Mapping[str, Any]) -> None:
-    """The ResourceClaim status strategy: entries of ``status.devices`` whose device left the allocation go, matched
-    on driver, pool and device (not shareID)."""
-
-    def results(obj: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
-        allocation = (obj.get("status") or {}).get("allocation") or {}
-        found = ((allocation.get("devices") or {}).get("results") or []) if isinstance(allocation, dict) else []
-        return {(r.get("driver"), r.get("pool"), r.get("device")) for r in found if isinstance(r, dict)}
-
-    gone = results(old) - results(claim)
+    """The ResourceClaim status strategy: entries of ``status.devices`` whose device (or share of one) left the
+    allocation go, matched on driver, pool, device and shareID, as since Kubernetes 1.34."""
+    gone = allocated_keys(old.get("status") or {}) - allocated_keys(claim.get("status") or {})
     status = claim.get("status")
     if not gone or not isinstance(status, dict) or not isinstance(status.get("devices"), list):
         return
-    devices: list[Any] = status["devices"]
-    kept = [d for d in devices if not isinstance(d, dict) or (d.get("driver"), d.get("pool"), d.get("device"))
-            not in gone]
+    kept = [d for d in status["devices"] if not isinstance(d, dict) or device_key(d) not in gone]
     if kept:
         status["devices"] = kept
     else:
