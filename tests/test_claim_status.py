@@ -261,3 +261,15 @@ async def test_close_stops_pending_writes() -> None:
     await asyncio.sleep(0.01)
     await writer.close()
     assert writer.pending == 0 and api.applied == []
+
+
+async def test_a_malformed_claim_read_at_restart_leaves_a_fresh_ready_time() -> None:
+    api = FakeApi()
+    api.claims["my-claim"] = {"metadata": {"uid": REF.uid}, "status": {"devices": [
+        "not an entry", {"driver": DRIVER, "conditions": ["nor a condition", {"type": "Ready", "status": "True",
+                                                                             "lastTransitionTime": "yesterday"}]}]}}
+    writer = ClaimStatusWriter(api, DRIVER, POOL, backoff=FAST, clock=lambda: 1_764_151_200.0)
+    writer.resume(REF, ONE)
+    await settled(writer)
+    (written,) = api.applied
+    assert written[1]["status"]["devices"][0]["conditions"][0]["lastTransitionTime"] == "2025-11-26T10:00:00Z"
