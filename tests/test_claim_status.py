@@ -253,14 +253,17 @@ async def test_the_ready_time_stays_across_prepares_and_restarts() -> None:
     assert api.applied[-1][1]["status"]["devices"][0]["conditions"][0]["lastTransitionTime"] == "2025-11-26T10:00:00Z"
 
 
-async def test_close_stops_pending_writes() -> None:
+async def test_close_writes_what_is_wanted_then_gives_up_on_a_hanging_write() -> None:
     api = FakeApi()
-    api.gate = asyncio.Event()
     writer = ClaimStatusWriter(api, DRIVER, POOL, backoff=FAST)
     writer.prepared(REF, ONE)
-    await asyncio.sleep(0.01)
-    await writer.close()
-    assert writer.pending == 0 and api.applied == []
+    writer.released(REF, ONE)
+    await writer.close(timeout=scaled(5))
+    assert [devices_of(body) for _, body in api.applied] == [[]]
+    api.gate = asyncio.Event()
+    writer.prepared(REF, ONE)
+    await writer.close(timeout=scaled(0.1))
+    assert writer.pending == 0 and len(api.applied) == 1
 
 
 async def test_a_malformed_claim_read_at_restart_leaves_a_fresh_ready_time() -> None:

@@ -38,7 +38,10 @@ from agent.logs import get_logger
 from agent.metrics import Metrics
 from backends.contract import ClaimRef
 
-__all__ = ["SETTLE_SECONDS", "Backoff", "ClaimStatusWriter", "StatusApi"]
+__all__ = ["FLUSH_SECONDS", "SETTLE_SECONDS", "Backoff", "ClaimStatusWriter", "StatusApi"]
+
+FLUSH_SECONDS = 2.0
+"""How long stopping waits for the writes still wanted."""
 
 SETTLE_SECONDS = 0.05
 """A claim's first write waits this long after it is wanted: the kubelet's answer goes out first (the write's own
@@ -113,9 +116,12 @@ class ClaimStatusWriter:
         """Claims whose wanted state is not written yet."""
         return len(self._workers)
 
-    async def close(self) -> None:
-        """Stop writing; what is not written yet stays unwritten."""
+    async def close(self, timeout: float = FLUSH_SECONDS) -> None:
+        """Stop writing, after waiting up to `timeout` seconds for what is wanted to be written (an unprepare just
+        before the agent stops still removes its entries); what is not written by then stays unwritten."""
         workers = list(self._workers.values())
+        if workers and timeout > 0:
+            await asyncio.wait(workers, timeout=timeout)
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
