@@ -5,6 +5,7 @@ fails nor holds up a prepare (the entry comes once it recovers), a restarted age
 
 from __future__ import annotations
 
+import signal
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -178,3 +179,15 @@ async def test_no_claim_status_writes_nothing(scratch: Path) -> None:
         await node.plugin.unprepare_or_raise([claim])
         assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
         assert node.server.find_requests("PATCH", STATUS) == [] and node.entries("quiet") == []
+
+
+async def test_an_unprepare_just_before_a_stop_still_removes_the_entry(scratch: Path) -> None:
+    async with running(scratch) as node:
+        claim = allocate(node.server, "last", [("gpu", GPU, node.gpu())])
+        assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
+        await until(lambda: node.drivers("last") == [GPU])
+        node.server.fail("PATCH", STATUS, 503, times=1)  # the removal's first try fails: the retry is the stop's
+        await node.plugin.unprepare_or_raise([claim])
+        await node.agent.signal(signal.SIGTERM)
+        assert await node.agent.wait(timeout=WAIT) == 0
+        assert node.entries("last") == []
