@@ -8,8 +8,10 @@ import asyncio
 import string
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,8 +26,10 @@ from agent.claims.status import (
 )
 from agent.claims.status_rules import DATA_MAX_BYTES, json_size
 from agent.claims.status_writer import Backoff, ClaimStatusWriter
+from agent.cli import build_parser
 from agent.kube.client import KubeError
 from agent.metrics import Metrics
+from agent.settings import SettingsError, load_settings
 from backends.attributes import AttributeValue, Version
 from backends.contract import ClaimRef, NetworkData
 from simulator.apiserver.resources import RESOURCE_CLAIMS, ApiError
@@ -276,3 +280,16 @@ async def test_a_malformed_claim_read_at_restart_leaves_a_fresh_ready_time() -> 
     await settled(writer)
     (written,) = api.applied
     assert written[1]["status"]["devices"][0]["conditions"][0]["lastTransitionTime"] == "2025-11-26T10:00:00Z"
+
+
+def test_the_setting_is_on_by_default_and_turned_off_from_each_source(tmp_path: Path) -> None:
+    assert load_settings({}, {}).claim_status is True
+    assert load_settings({}, {"DRA_AGENT_CLAIM_STATUS": "false"}).claim_status is False
+    config = tmp_path / "agent.yaml"
+    config.write_text("claim-status: false\n")
+    assert load_settings({}, {}, config).claim_status is False
+    args = build_parser().parse_args(["run", "--no-claim-status"])
+    assert load_settings({"claim_status": args.claim_status}, {"DRA_AGENT_CLAIM_STATUS": "true"}).claim_status is False
+    assert build_parser().parse_args(["run"]).claim_status is None, "unset: the environment or file decides"
+    with pytest.raises(SettingsError, match="claim_status"):
+        load_settings({}, {"DRA_AGENT_CLAIM_STATUS": "maybe"})
