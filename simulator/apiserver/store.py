@@ -3,7 +3,8 @@
 Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
 and taint ``timeAdded``, ResourceClaim status only through ``/status``), validation (422: ResourceSlices and
 events.k8s.io/v1 Events in full, other kinds their names), optimistic concurrency (409), and no-op updates that
-neither bump the resourceVersion nor notify watchers. Stored objects
+neither bump the resourceVersion nor notify watchers. A DeviceClass's extendedResourceName is checked
+(simulator/apiserver/deviceclasses.py). Stored objects
 are never mutated once committed, so they can be shared with watchers and serialised without copying.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from agent.events.rules import validate_event, validate_event_update
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
+from simulator.apiserver.deviceclasses import validate_device_class
 from simulator.apiserver.objects import (
     Key,
     decode_micro_times,
@@ -34,6 +36,7 @@ from simulator.apiserver.objects import (
     without_type,
 )
 from simulator.apiserver.resources import (
+    DEVICE_CLASSES,
     EVENTS_V1,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
@@ -160,6 +163,8 @@ class Store:
             errors = validate_event(obj)
         else:
             errors = name_errors(meta)
+            if rt is DEVICE_CLASSES:
+                errors += validate_device_class(obj)
         if errors:
             raise invalid(rt, str(meta.get("name") or ""), errors)
         if (namespace if rt.namespaced else "", meta["name"]) in self._objects[rt]:
@@ -215,6 +220,8 @@ class Store:
         elif rt is EVENTS_V1:
             decode_micro_times(obj)
             errors = validate_event_update(old, obj)
+        elif rt is DEVICE_CLASSES:
+            errors = validate_device_class(obj)
         if errors:
             raise invalid(rt, name, errors)
         meta["resourceVersion"] = old_meta["resourceVersion"]
