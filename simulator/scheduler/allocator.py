@@ -61,6 +61,10 @@ class Allocator:
             self._kube = await KubeClient.connect(self._kubeconfig)
         return self._kube
 
+    async def client(self) -> KubeClient:
+        """The connection this allocator writes through (opened now if it is not yet)."""
+        return await self._client()
+
     async def close(self) -> None:
         """Close the connection if this allocator opened it."""
         if self._owned and self._kube is not None:
