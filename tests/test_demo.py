@@ -65,7 +65,7 @@ def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
     assert [h for h in seeds.checks if h[0].isdigit()] == [
         "1. Node readiness", "2. One compute class, many GPU nodes", "3. A big GPU with an aligned NIC",
         "4. MIG devices made to order", "5. A GPU and a VF handed to a VM and returned",
-        "6. A GPU fails during a running claim"]
+        "6. A GPU fails during a running claim", "7. A pod that asks nvidia.com/gpu: 1"]
     assert "every step behaved" in seeds.text
 
 
@@ -122,6 +122,22 @@ def test_e_a_failed_gpu_is_reported_tainted_refused_and_recovers(seeds: Told) ->
     assert "not allocated: the claim does not tolerate the taint" in checks
     assert "the taint is gone from the ResourceSlice" in checks
     assert any(c.startswith("the waiting claim now gets gpu-") for c in checks)
+
+
+def test_g_a_pod_asking_nvidia_gpu_gets_a_gpu_and_too_much_or_unknown_is_refused(seeds: Told) -> None:
+    checks = seeds.passed("extended-gpu")
+    assert checks[:2] == ["the scheduler made a claim for the pod",
+                          "one claim, annotated resource.kubernetes.io/extended-resource-claim, with request "
+                          "container-0-request-0 for class gpu.nvidia.com"]  # fmt: skip
+    assert any(re.fullmatch(r"allocated a whole GPU: gpu-[0-9a-f-]+", c) for c in checks)
+    assert "NodePrepareResources on dgx-h100 succeeded for gpu.nvidia.com" in checks
+    assert any(re.fullmatch(r"the container gets the GPU's device node /dev/nvidia\d+", c) for c in checks)
+    assert checks[-3:] == [
+        "unschedulable, the scheduler says why (needs 9 device(s)), and no claim is left behind",
+        "unschedulable, the scheduler says why (no DeviceClass serves it), and no claim is left behind",
+        "the pod is gone: its claim is unprepared, released and deleted",
+    ]
+    assert "requestMappings:\n" in seeds.text and "resourceName: nvidia.com/gpu" in seeds.text
 
 
 def test_the_command_tours_a_node_and_fails_when_a_scenario_cannot_hold_there(tmp_path: Path) -> None:
