@@ -18,6 +18,7 @@ from simulator.apiserver.deviceclasses import is_extended_resource_name
 from simulator.apiserver.server import TestApiServer
 from simulator.scheduler.allocation import Unallocatable
 from simulator.scheduler.allocator import Allocator
+from simulator.scheduler.cel import CelError
 from simulator.scheduler.extended import ANNOTATION, class_mapping, plan_extended_claim
 from simulator.scheduler.pods import release_pod, schedule_pod
 from tests.allocation_env import device_classes, discovered
@@ -275,3 +276,19 @@ async def test_an_unknown_resource_makes_no_claim(cluster: tuple[TestApiServer, 
         await schedule_pod(allocator, pod("fpga", container("main", {"example.com/fpga": "1"})), node=NODE)
     assert server.objects("resourceclaims") == []
     assert server.count_requests("POST", "*/resourceclaims") == 0
+    # A pod DRA serves nothing of is placed without a claim.
+    plain = await schedule_pod(allocator, pod("web", container("main", {"cpu": "1"})), node=NODE)
+    assert plain.claim is None and plain.pod["spec"]["nodeName"] == NODE and "status" not in plain.pod
+    assert server.count_requests("POST", "*/resourceclaims") == 0
+
+
+async def test_a_class_whose_selector_does_not_compile_leaves_no_claim(
+        cluster: tuple[TestApiServer, Allocator]) -> None:  # fmt: skip
+    server, allocator = cluster
+    broken = device_class("broken.example.com", "example.com/broken")
+    broken["spec"]["selectors"] = [{"cel": {"expression": "device.driver.lowerAscii() == 'x'"}}]
+    server.put_object("deviceclasses", broken)
+    with pytest.raises(CelError):
+        await schedule_pod(allocator, pod("b", container("main", {"example.com/broken": "1"})), node=NODE)
+    assert server.count_requests("POST", "*/resourceclaims") == 1
+    assert server.objects("resourceclaims") == [], "the claim made for the pod is deleted again"
