@@ -106,6 +106,26 @@ async def test_two_classes_may_share_a_name_and_a_number_is_not_a_name(
         assert "cannot unmarshal number" in (await response.json())["message"]
 
 
+async def test_with_the_gate_off_the_name_is_dropped_unless_the_class_has_one(scratch: Path) -> None:
+    async with TestApiServer(disabled_gates={"DRAExtendedResource"}) as server:
+        api_client = await config.new_client_from_config(config_file=str(server.write_kubeconfig(scratch / "kc")))
+        async with api_client:
+            api = client.ResourceV1Api(api_client)
+            # Dropped before validation: even a name that would be refused is not an error.
+            for name, extended in (("new.example.com", "example.com/gpu"), ("bad.example.com", "gpu")):
+                await api.create_device_class(device_class(name, extended))
+                stored = server.get_object("deviceclasses", name)
+                assert stored is not None and "extendedResourceName" not in stored["spec"]
+            # A class stored while the gate was on keeps its name through an update.
+            server.put_object("deviceclasses", device_class("old.example.com", "example.com/old"))
+            kept = await api.read_device_class("old.example.com")
+            kept.metadata.labels = {"touched": "yes"}
+            kept.spec.extended_resource_name = "example.com/renamed"
+            await api.replace_device_class("old.example.com", kept)
+            stored = server.get_object("deviceclasses", "old.example.com")
+            assert stored is not None and stored["spec"]["extendedResourceName"] == "example.com/renamed"
+
+
 # --- which class serves a name ----------------------------------------------------------------------------
 
 

@@ -15,7 +15,10 @@ from typing import Any
 from agent.kube.names import is_label_key
 from simulator.apiserver.resources import ApiError
 
-__all__ = ["EXTENDED_RESOURCE_MSG", "is_extended_resource_name", "validate_device_class"]
+__all__ = ["EXTENDED_RESOURCE_GATE", "EXTENDED_RESOURCE_MSG", "drop_disabled_class_fields",
+           "is_extended_resource_name", "validate_device_class"]
+
+EXTENDED_RESOURCE_GATE = "DRAExtendedResource"
 
 EXTENDED_RESOURCE_MSG = "must be a valid extended resource name"
 _NATIVE = "kubernetes.io/"
@@ -28,6 +31,17 @@ def is_extended_resource_name(name: object) -> bool:
     if not isinstance(name, str) or "/" not in name or _NATIVE in name or name.startswith(_QUOTA_PREFIX):
         return False
     return is_label_key(_QUOTA_PREFIX + name)
+
+
+def drop_disabled_class_fields(obj: dict[str, Any], old: Mapping[str, Any] | None, disabled: set[str]) -> None:
+    """The strategy's ``dropDisabledFields``: with ``DRAExtendedResource`` off, ``spec.extendedResourceName`` is
+    dropped silently, unless the stored class already has one (then an update keeps it)."""
+    spec = obj.get("spec")
+    if EXTENDED_RESOURCE_GATE not in disabled or not isinstance(spec, dict):
+        return
+    if old is not None and (old.get("spec") or {}).get("extendedResourceName") is not None:
+        return
+    spec.pop("extendedResourceName", None)
 
 
 def validate_device_class(obj: Mapping[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.events.rules import validate_event, validate_event_update
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
-from simulator.apiserver.deviceclasses import validate_device_class
+from simulator.apiserver.deviceclasses import drop_disabled_class_fields, validate_device_class
 from simulator.apiserver.objects import (
     Key,
     decode_micro_times,
@@ -164,6 +164,7 @@ class Store:
         else:
             errors = name_errors(meta)
             if rt is DEVICE_CLASSES:
+                drop_disabled_class_fields(obj, None, self.disabled_gates)
                 errors += validate_device_class(obj)
         if errors:
             raise invalid(rt, str(meta.get("name") or ""), errors)
@@ -210,6 +211,8 @@ class Store:
         if rt is RESOURCE_SLICES:
             drop_disabled_fields(obj, old, self.disabled_gates)
             default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
+        elif rt is DEVICE_CLASSES:
+            drop_disabled_class_fields(obj, old, self.disabled_gates)
         if rt.tracks_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation") or 0) + 1
         errors: list[str] = []
