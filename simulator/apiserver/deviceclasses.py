@@ -3,7 +3,8 @@
 The real server (``validateDeviceClassSpec``) accepts the field only when it passes core's
 ``IsExtendedResourceName``: a name with a domain, not in the ``kubernetes.io/`` namespace, not starting with
 ``requests.``, and that is still a qualified name (label-key format) once ``requests.`` is put in front of it,
-as ResourceQuota does. Two classes may carry the same name: the scheduler, not the API server, picks one.
+as ResourceQuota does. Two classes may carry the same name: the scheduler, not the API server, picks one. With
+the ``DRAExtendedResource`` gate off, the field is dropped on write, as the DeviceClass strategy drops it.
 """
 
 from __future__ import annotations
