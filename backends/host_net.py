@@ -103,8 +103,8 @@ def _local_ipv4(path: Path) -> list[ipaddress.IPv4Address]:
 
 
 # ipv6_route flags (include/uapi/linux/ipv6_route.h, route.h): routes the kernel keeps for an interface's own
-# addresses (local, anycast) and cached ones.
-_RTF_GATEWAY = 0x2
+# addresses (local, anycast), cached ones, and reject routes (which send nothing anywhere).
+_RTF_GATEWAY, _RTF_REJECT = 0x2, 0x0200
 _RTF_LOCAL, _RTF_ANYCAST, _RTF_CACHE = 0x80000000, 0x00100000, 0x01000000
 _IFA_F_PERMANENT = 0x80
 _SCOPE_GLOBAL = 0x00
@@ -189,7 +189,7 @@ def interface_routes(host_root: Path, interface: str) -> list[str]:
             gateway6 = _ipv6(fields[4]) if flags & _RTF_GATEWAY else None
         except ValueError:
             continue
-        if flags & (_RTF_LOCAL | _RTF_ANYCAST | _RTF_CACHE):
+        if flags & (_RTF_LOCAL | _RTF_ANYCAST | _RTF_CACHE | _RTF_REJECT):
             continue
         if gateway6 is None and (network6.subnet_of(_LINK_LOCAL6) or network6 == _MULTICAST6
                                  or any(a.network == network6 for a in own)):
