@@ -210,7 +210,8 @@ class SriovNicBackend(PassthroughBackend):
         if passthrough:
             for item in await self.passthrough().prepare(claim.uid, passthrough, set(self._vfs.values())):
                 prepared[item.device] = item
-        return [dataclasses.replace(prepared[a.device], facts=seen[a.device].facts()) for a in devices]
+        return [dataclasses.replace(prepared[a.device], facts=seen[a.device].facts(a.device not in through))
+                for a in devices]
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         """VFs passed through go back to their driver; the others need nothing (an interface moved into the pod

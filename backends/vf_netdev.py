@@ -59,11 +59,12 @@ class VfInterface:
     mac: str | None
     pf_name: str | None
 
-    def facts(self) -> dict[str, AttributeValue]:
-        """What the workload learns about the VF (`Prepared.facts`): its PCI address, PF, and the host-side name
-        and MAC of its interface when it has one."""
+    def facts(self, keeps_interface: bool = True) -> dict[str, AttributeValue]:
+        """What the workload learns about the VF (`Prepared.facts`): its PCI address, PF, and the MAC and host-side
+        name of its interface when it has one (the name only if the VF keeps it: on vfio-pci it has none)."""
         facts: dict[str, AttributeValue] = {PCI_BUS_ID: self.bus_id}
-        for key, value in (("pfName", self.pf_name), ("netdev", self.name), ("macAddress", self.mac)):
+        name = self.name if keeps_interface else None
+        for key, value in (("pfName", self.pf_name), ("netdev", name), ("macAddress", self.mac)):
             if value:
                 facts[key] = value
         return facts

@@ -186,3 +186,22 @@ async def test_an_interface_still_in_a_pods_namespace_is_refused_until_it_is_bac
         (record,) = records(env.settings, scratch)[claim.uid].devices
         assert record.facts["netdev"] == name
         assert record.network is not None and record.network.hardware_address == mac_of(sim, bus_id)
+
+
+async def test_a_vf_passed_through_tells_its_address_pf_and_mac(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        sim = env.settings.sim_root
+        assert sim is not None
+        bus_id, device, _ = VFS[0]
+        mac = mac_of(sim, bus_id)
+        plugin = await kubelet.wait_for_plugin(SRIOV)
+        vfio = {"source": "FromClaim", "requests": ["nic"],
+                "opaque": {"driver": SRIOV, "parameters": {"apiVersion": API, "kind": "VfioConfig"}}}
+        claim = allocate(env.server, "dpdk", [("nic", SRIOV, device)], [vfio])
+        assert (await plugin.prepare([claim]))[claim.uid].error == ""
+        assert driver_of(sim, bus_id) == "vfio-pci"
+        (record,) = records(env.settings, scratch)[claim.uid].devices
+        assert record.network is None
+        assert record.facts == {"resource.kubernetes.io/pciBusID": bus_id, "pfName": "enp25s0f0np0",
+                                "macAddress": mac}, "read before the bind took the interface away; no host name"
+        assert (await plugin.unprepare([claim]))[claim.uid] == ""
