@@ -65,7 +65,8 @@ def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
     assert [h for h in seeds.checks if h[0].isdigit()] == [
         "1. Node readiness", "2. One compute class, many GPU nodes", "3. A big GPU with an aligned NIC",
         "4. MIG devices made to order", "5. A GPU and a VF handed to a VM and returned",
-        "6. A GPU fails during a running claim", "7. A pod that asks nvidia.com/gpu: 1"]
+        "6. A GPU fails during a running claim", "7. A pod that asks nvidia.com/gpu: 1",
+        "8. A VF's interface named net1 in the pod"]
     assert "every step behaved" in seeds.text
 
 
@@ -122,6 +123,13 @@ def test_e_a_failed_gpu_is_reported_tainted_refused_and_recovers(seeds: Told) ->
     assert "not allocated: the claim does not tolerate the taint" in checks
     assert "the taint is gone from the ResourceSlice" in checks
     assert any(c.startswith("the waiting claim now gets gpu-") for c in checks)
+
+
+def test_h_a_vf_interface_goes_into_the_pod_as_net1(seeds: Told) -> None:
+    checks = seeds.passed("vf-interface")
+    assert any(re.fullmatch(r"the CDI spec \(cdiVersion 1\.1\.0\) moves \S+ into the pod as net1", c) for c in checks)
+    assert "interface " in seeds.text and " as net1" in seeds.text
+    assert checks[-1] == "unprepared: the CDI specs are gone"
 
 
 def test_g_a_pod_asking_nvidia_gpu_gets_a_gpu_and_too_much_or_unknown_is_refused(seeds: Told) -> None:
