@@ -18,7 +18,7 @@ from backends.contract import ClaimRef
 from backends.nvidia.nvml import nvml_session
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
-from simulator.kubelet_connection import Plugin
+from simulator.kubelet_connection import KubeletError, Plugin
 from simulator.scheduler.allocation import Unallocatable, allocate
 from tests.agent_env import (
     NODE,
@@ -263,3 +263,29 @@ async def test_shares_outlive_a_crash(scratch: Path) -> None:
         assert len(journal_entries(settings.state_dir / "backends/nvidia-gpu/gpu-shares.json")) == 2
         assert (await plugin.unprepare([first]))[first.uid] == ""
         assert (await plugin.prepare([second]))[second.uid] == answers[second.uid]
+
+
+async def test_a_share_cut_short_by_a_crash_is_undone_at_restart_and_the_other_stays(scratch: Path) -> None:
+    env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(SHARING)}
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",), env=env,
+                          failpoint="prepare-after-backends") as run:
+        server, settings, kubelet = run.server, run.settings, run.kubelet
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
+        await wait_until(lambda: published_gpu(server).get("allowMultipleAllocations") is True, scaled(10))
+        sliced = {"strategy": "TimeSlicing"}
+        cut = share(server, "cut", "16Gi", sharing=sliced)
+        with pytest.raises(KubeletError):
+            await plugin.prepare([cut])
+        assert await run.first.wait() == -signal.SIGKILL
+        shares_file = settings.state_dir / "backends/nvidia-gpu/gpu-shares.json"
+        assert len(journal_entries(shares_file)) == 1, "the share was recorded before the crash"
+        await run.second.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        await wait_until(lambda: journal_entries(shares_file) == {}, scaled(10))
+        modes = settings.state_dir / "backends/nvidia-gpu/compute-modes.json"
+        assert journal_entries(modes) == {}, "the mode set for the share was put back"
+        other = share(server, "other", "16Gi")  # no strategy: it would clash with a share left behind
+        assert (await plugin.prepare([other]))[other.uid].error == ""
+        assert (await plugin.prepare([cut]))[cut.uid].error.endswith(
+            f"this share's sharing strategy is TimeSlicing, but a share of the GPU prepared for claim {other.uid} "
+            "uses none; the shares of one GPU must use the same strategy")
