@@ -24,6 +24,7 @@ from agent.slices.rules import validate_resource_slice, validate_resource_slice_
 from simulator.apiserver.deviceclasses import drop_disabled_class_fields, validate_device_class
 from simulator.apiserver.objects import (
     Key,
+    allocation_errors,
     decode_micro_times,
     default_taint_times,
     drop_disabled_fields,
@@ -220,6 +221,8 @@ class Store:
             errors = validate_resource_slice_update(old, obj)
         elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
             errors = ["spec: field is immutable"]
+        elif rt is RESOURCE_CLAIMS and status:
+            errors = allocation_errors(obj)
         elif rt is EVENTS_V1:
             decode_micro_times(obj)
             errors = validate_event_update(old, obj)

@@ -34,7 +34,8 @@ def _claim_path(namespace: str, name: str) -> str:
 def _existing(claim: Mapping[str, Any], node: str) -> Allocation:
     """The allocation a claim already has, as an :class:`Allocation` (it is kept, not redone)."""
     status = dict((claim.get("status") or {}).get("allocation") or {})
-    results = [DeviceResult(r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess")))
+    results = [DeviceResult(r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess")),
+                            r.get("shareID"), dict(r.get("consumedCapacity") or {}))
                for r in (status.get("devices") or {}).get("results") or ()]  # fmt: skip
     return Allocation(node, results, status, ["already allocated: the existing allocation is kept"])
 
