@@ -172,6 +172,7 @@ class Driver:
                 desired = pool_slices(self.name, self._setup.node, pool.devices, pool.counter_sets,
                                       taints=device_taints(self.name, board.unhealthy(), self._policy),
                                       taints_supported=features.taints, counters_supported=features.counters,
+                                      shares_supported=features.shares,
                                       taintable=True)
                 for reason in desired.rejected:
                     self._log.error("device not publishable", reason=reason)

@@ -55,3 +55,9 @@ class OpaqueConfig(BaseModel):
         if (self.api_version, self.kind) != (self.API_VERSION, self.KIND):
             raise ValueError(f"expected apiVersion {self.API_VERSION} and kind {self.KIND}")
         return self
+
+    def conflict(self, other: OpaqueConfig) -> str | None:
+        """Why this configuration and `other`, another entry applying to the same device (from the device class or
+        the claim, weaker or stronger), ask for things that exclude each other; None (the default) when the last
+        entry may simply apply. A conflict fails the claim rather than one of the two being dropped unseen."""
+        return None

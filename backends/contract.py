@@ -30,6 +30,8 @@ __all__ = [
     "Backend",
     "BackendContext",
     "BackendError",
+    "CapacityPolicy",
+    "CapacityRange",
     "ClaimRef",
     "ConfigError",
     "CounterConsumption",
@@ -70,12 +72,43 @@ class CounterConsumption:
 
 
 @dataclass(frozen=True)
+class CapacityRange:
+    """The amounts a claim may take of a shared capacity: from `min` up to `max` (None: the whole capacity), in
+    multiples of `step` above `min` (None: any amount)."""
+
+    min: int
+    max: int | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class CapacityPolicy:
+    """How claims may take a capacity of a device published with `allow_multiple_allocations` (the slice's
+    `requestPolicy`): `default` is what a claim that names no amount gets; exactly one of `valid_values`
+    (ascending, at most 10) or `valid_range` says which amounts exist. The scheduler rounds a request up to the
+    next amount that exists. The API server's rules for it (all within the capacity, `default` one of the
+    amounts) are checked when the slice is built: a device with a policy that breaks them is not published."""
+
+    default: int
+    valid_values: tuple[int, ...] = ()
+    valid_range: CapacityRange | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.valid_values) == (self.valid_range is not None):
+            raise ValueError("a capacity policy needs exactly one of valid_values or valid_range")
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device as a backend sees it.
 
     `attributes` keys without a domain live in the driver's domain. Set `topology` for a PCI device and the
     standard topology attributes (resource.kubernetes.io/pcieRoot, pciBusID, numaNode, dra-agent.io/pcieSwitch)
     are published with the same names for every backend.
+
+    `allow_multiple_allocations`: the device may be allocated to several claims at once, each taking a share of
+    every capacity (KEP-5075); `capacity_policies` names, per capacity, the amounts a share may take. Such a
+    device's `prepare` gets `Allocated.share_id` set, once per share.
     """
 
     name: str
@@ -83,6 +116,8 @@ class Device:
     capacity: Mapping[str, int] = field(default_factory=dict)
     consumes_counters: tuple[CounterConsumption, ...] = ()
     topology: PciTopology | None = None
+    allow_multiple_allocations: bool = False
+    capacity_policies: Mapping[str, CapacityPolicy] = field(default_factory=dict)
 
     def published_attributes(self) -> dict[str, AttributeValue]:
         """Own attributes plus the standard topology attributes; a backend may not override the latter."""
@@ -202,6 +237,7 @@ class Prepared:
     a domain are in the driver's): the GPU's UUID, the PCI address of a device on vfio-pci, a VF's interface and
     MAC, a TPU's chip indices. The core puts them into the claim's status (`data`) and, where enabled, the device
     metadata file in the container. `network` is the interface the workload got, for the status's `networkData`.
+    For a share of a device, repeat the `share_id` of the `Allocated` it is for.
     """
 
     device: str
@@ -210,6 +246,9 @@ class Prepared:
     restore: Mapping[str, Any] = field(default_factory=dict)
     facts: Mapping[str, AttributeValue] = field(default_factory=dict)
     network: NetworkData | None = None
+    share_id: str | None = None
+    """The `Allocated.share_id` this answers for (a claim may hold two shares of one device); kept and handed
+    back to `unprepare`."""
 
 
 class Health(Enum):

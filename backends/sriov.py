@@ -7,11 +7,15 @@ and the standard topology attributes, so a claim can pair it with a GPU on the s
 Health, from udev and rtnetlink: a PF whose link is down makes all its VFs unhealthy (read from sysfs at start,
 after each discovery, when the PF's netdev has a uevent and when rtnetlink says its link went down or up);
 network functions added or removed change the device set.
+
+A claim's `VfConfig.netDevice` hands the VF's network interface to the pod (`backends.vf_netdev`); every prepared
+VF tells the workload its PCI address, PF, interface and MAC (`Prepared.facts`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -37,6 +41,8 @@ from backends.host_net import read_host_network
 from backends.sriov_numvfs import VfCountError, VfCountRule, apply_vf_count, physical_functions, wanted_counts
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex, read_int, read_link_name
 from backends.topology import device_name
+from backends.vf_config import NetDeviceRequest, VfConfig
+from backends.vf_netdev import VfInterface, hand_over, net_device_requests, read_vf_interface
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
 from cdi.spec import ContainerEdits, DeviceNode
 
@@ -63,7 +69,7 @@ class SriovNicBackend(PassthroughBackend):
 
     name = "sriov-nic"
     driver = "sriov.dra-agent.io"
-    config_types = (VfioConfig,)
+    config_types = (VfioConfig, VfConfig)
     config_model = SriovBackendConfig
     records_own_changes = True  # vfio bindings are journalled (synced) before they change
 
@@ -188,25 +194,42 @@ class SriovNicBackend(PassthroughBackend):
         return events
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
-        """A VF keeps its kernel driver: the container gets its RDMA verbs device, when it has one. A VF configured
-        with VfioConfig is bound to vfio-pci instead and gets its VFIO nodes."""
+        """A VF keeps its kernel driver: the container gets its RDMA verbs device, when it has one, and with
+        `VfConfig.netDevice` its network interface. A VF configured with VfioConfig is bound to vfio-pci instead and
+        gets its VFIO nodes."""
         missing = [a.device for a in devices if a.device not in self._vfs]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
+        moves = net_device_requests(devices)
         through = {a.device for a in devices if wants_passthrough(a)}
+        # Read before any VF is bound to vfio-pci, which takes its interface away.
+        seen = await asyncio.to_thread(self._interfaces, devices)
         plain = [a for a in devices if a.device not in through]
-        prepared = {p.device: p for p in await asyncio.to_thread(self._prepare, plain)} if plain else {}
+        prepared = {p.device: p for p in await asyncio.to_thread(self._prepare, plain, moves, seen)} if plain else {}
         passthrough = [(a.device, self._vfs[a.device]) for a in devices if a.device in through]
         if passthrough:
             for item in await self.passthrough().prepare(claim.uid, passthrough, set(self._vfs.values())):
                 prepared[item.device] = item
-        return [prepared[a.device] for a in devices]
+        return [dataclasses.replace(prepared[a.device], facts=seen[a.device].facts(a.device not in through))
+                for a in devices]
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
-        """VFs passed through go back to their driver; the others need nothing."""
+        """VFs passed through go back to their driver; the others need nothing (an interface moved into the pod
+        comes back to the host by itself when the pod's network namespace goes)."""
         await self.passthrough().unprepare(claim.uid, prepared)
 
-    def _prepare(self, devices: Sequence[Allocated]) -> list[Prepared]:
+    def _interfaces(self, devices: Sequence[Allocated]) -> dict[str, VfInterface]:
+        seen: dict[str, VfInterface] = {}
+        for allocated in devices:
+            bus_id = self._vfs[allocated.device]
+            try:
+                seen[allocated.device] = read_vf_interface(self.ctx.topology.device_dir(bus_id), bus_id)
+            except SysfsError as e:
+                raise PrepareError(f"{allocated.device}: {e}") from None
+        return seen
+
+    def _prepare(self, devices: Sequence[Allocated], moves: Mapping[str, NetDeviceRequest],
+                 seen: Mapping[str, VfInterface]) -> list[Prepared]:
         prepared: list[Prepared] = []
         has_cm = (self.ctx.dev_root / "infiniband/rdma_cm").exists()
         rdma_cm = (DeviceNode("/dev/infiniband/rdma_cm"),) if has_cm else ()
@@ -217,10 +240,14 @@ class SriovNicBackend(PassthroughBackend):
             except SysfsError as e:
                 raise PrepareError(f"{allocated.device}: {e}") from None
             nodes = tuple(DeviceNode(f"/dev/infiniband/{v}") for v in verbs)
+            request = moves.get(allocated.device)
+            net, network = (hand_over(allocated.device, seen[allocated.device], request, self.ctx.host_root)
+                            if request is not None else (None, None))
             prepared.append(Prepared(
                 device=allocated.device,
-                edits=ContainerEdits(device_nodes=nodes),
+                edits=ContainerEdits(device_nodes=nodes, net_devices=(net,) if net is not None else ()),
                 common_edits=ContainerEdits(device_nodes=rdma_cm) if nodes else None,
+                network=network,
             ))
         return prepared
 

@@ -192,10 +192,15 @@ def _edits_problems(edits: ContainerEdits, where: str) -> list[str]:
         for i, gid in enumerate(edits.additional_gids)
         if not _in_range(gid, 0, UINT32_MAX)
     ]
+    # As the CDI library (v1.1.0): no host or container interface name twice in one containerEdits.
+    seen: dict[str, set[str]] = {"hostInterfaceName": set(), "name": set()}
     for i, net in enumerate(edits.net_devices):
         for key, value in (("hostInterfaceName", net.host_interface_name), ("name", net.name)):
             if not _interface_name_ok(value):
                 out.append(f"{where}.netDevices[{i}].{key} {value!r} is not a valid network interface name")
+            elif value in seen[key]:
+                out.append(f"{where}.netDevices[{i}].{key} {value!r} is used twice")
+            seen[key].add(value)
     return out
 
 

@@ -371,8 +371,11 @@ def test_node_selector_and_all_nodes_slices() -> None:
     ([exactly("a", "gpu", count=0)], None, "request a: count must be a positive integer, not 0"),
     ([exactly("a", "gpu", mode="Some")], None, "request a: allocationMode 'Some' is not supported (ExactCount or All)"),
     ([exactly("a", "")], None, "request a: deviceClassName is required"),
-    ([exactly("a", "gpu", capacity={"requests": {"memory": "1Gi"}})], None,
-     "request a: capacity requests (consumable capacity) are not supported by this allocator"),
+    ([exactly("a", "gpu", capacity={"requests": {"memory": "lots"}})], None,
+     "request a: capacity request memory: invalid quantity 'lots': expected an optionally signed decimal number "
+     "followed by an optional suffix: Ki, Mi, Gi, Ti, Pi, Ei, n, u, m, k, M, G, T, P, E, or e<integer>"),
+    ([exactly("a", "gpu", capacity={"memory": "1Gi"})], None,
+     "request a: capacity must be {requests: {<name>: <quantity>}}"),
     ([exactly("a", "gpu")], [{"requests": ["b"], "matchAttribute": ROOT_ATTR}],
      "constraint #0: names request 'b', which the claim does not have"),
     ([exactly("a", "gpu")], [{"matchAttribute": "pcieRoot"}],

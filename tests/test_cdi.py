@@ -498,7 +498,9 @@ EDITS = st.builds(
     mounts=tuples(MOUNTS),
     hooks=tuples(HOOKS),
     additional_gids=tuples(UINT32),
-    net_devices=tuples(st.builds(NetDevice, IFNAME, IFNAME)),
+    # The CDI library refuses a host or container interface name twice in one containerEdits.
+    net_devices=st.lists(st.builds(NetDevice, IFNAME, IFNAME), max_size=3,
+                         unique_by=(lambda d: d.host_interface_name, lambda d: d.name)).map(tuple),
 )
 SPECS = st.builds(
     Spec,

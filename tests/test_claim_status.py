@@ -5,6 +5,7 @@ wins, retries with backoff, gives up on a gone or refused claim, counts every at
 from __future__ import annotations
 
 import asyncio
+import re
 import string
 import uuid
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from tests.timing import scaled
 DRIVER, POOL = "gpu.nvidia.com", "node-a"
 SINCE = "2026-11-26T10:00:00Z"
 SHARE = "2f1c7a52-8e0b-4c59-9d1f-6a4b3c2d1e0f"
+UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def record(*devices: DeviceRecord, uid: str = "0b6f0c52-9d6f-4d4e-9c1e-2a1f0d1f7e11") -> ClaimRecord:
@@ -124,8 +126,10 @@ def test_an_applied_body_always_passes_the_servers_validation(devices: list[Devi
     store = Store()
     uid = str(uuid.uuid4())
     claim = record(*devices, uid=uid)
+    # The allocation comes from the server, whose shareIDs are valid; a record may hold anything.
     results = [{"request": "r", "driver": DRIVER, "pool": POOL, "device": d.device,
-                **({"shareID": d.share_id} if d.share_id is not None else {})} for d in devices]
+                **({"shareID": d.share_id} if d.share_id is not None and UID.fullmatch(d.share_id) else {})}
+               for d in devices]
     store.put(RESOURCE_CLAIMS, {"metadata": {"name": claim.name, "namespace": claim.namespace, "uid": uid},
                                 "spec": {}, "status": {"allocation": {"devices": {"results": results}}}})
     apply = status_apply(claim, DRIVER, POOL, SINCE)

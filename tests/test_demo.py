@@ -65,7 +65,8 @@ def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
     assert [h for h in seeds.checks if h[0].isdigit()] == [
         "1. Node readiness", "2. One compute class, many GPU nodes", "3. A big GPU with an aligned NIC",
         "4. MIG devices made to order", "5. A GPU and a VF handed to a VM and returned",
-        "6. A GPU fails during a running claim"]
+        "6. A GPU fails during a running claim", "7. A pod that asks nvidia.com/gpu: 1",
+        "8. Two pods share one GPU by memory", "9. A VF's interface named net1 in the pod"]
     assert "every step behaved" in seeds.text
 
 
@@ -122,6 +123,39 @@ def test_e_a_failed_gpu_is_reported_tainted_refused_and_recovers(seeds: Told) ->
     assert "not allocated: the claim does not tolerate the taint" in checks
     assert "the taint is gone from the ResourceSlice" in checks
     assert any(c.startswith("the waiting claim now gets gpu-") for c in checks)
+
+
+def test_i_two_pods_share_a_gpu_by_memory_and_a_third_share_does_not_fit(seeds: Told) -> None:
+    checks = seeds.passed("gpu-shares")
+    assert any(re.fullmatch(r"both share gpu-[0-9a-f-]+, each with its own shareID and CDI device", c) for c in checks)
+    assert f"each container is told its share: DRA_AGENT_GPU_SHARE_MEMORY={30 * 2**30}" in checks
+    assert "not allocated: the two shares leave less than 30Gi of the GPU's memory" in checks
+    assert ("the other share stays prepared: its CDI spec is there and a repeated prepare answers the same share"
+            in checks)
+    assert "allowMultipleAllocations: true" in seeds.text and "validRange:" in seeds.text
+
+
+def test_h_a_vf_interface_goes_into_the_pod_as_net1(seeds: Told) -> None:
+    checks = seeds.passed("vf-interface")
+    assert any(re.fullmatch(r"the CDI spec \(cdiVersion 1\.1\.0\) moves \S+ into the pod as net1", c) for c in checks)
+    assert "interface " in seeds.text and " as net1" in seeds.text
+    assert checks[-1] == "unprepared: the CDI specs are gone"
+
+
+def test_g_a_pod_asking_nvidia_gpu_gets_a_gpu_and_too_much_or_unknown_is_refused(seeds: Told) -> None:
+    checks = seeds.passed("extended-gpu")
+    assert checks[:2] == ["the scheduler made a claim for the pod",
+                          "one claim, annotated resource.kubernetes.io/extended-resource-claim, with request "
+                          "container-0-request-0 for class gpu.nvidia.com"]  # fmt: skip
+    assert any(re.fullmatch(r"allocated a whole GPU: gpu-[0-9a-f-]+", c) for c in checks)
+    assert "NodePrepareResources on dgx-h100 succeeded for gpu.nvidia.com" in checks
+    assert any(re.fullmatch(r"the container gets the GPU's device node /dev/nvidia\d+", c) for c in checks)
+    assert checks[-3:] == [
+        "unschedulable, the scheduler says why (needs 9 device(s)), and no claim is left behind",
+        "unschedulable, the scheduler says why (no DeviceClass serves it), and no claim is left behind",
+        "the pod is gone: its claim is unprepared, released and deleted",
+    ]
+    assert "requestMappings:\n" in seeds.text and "resourceName: nvidia.com/gpu" in seeds.text
 
 
 def test_the_command_tours_a_node_and_fails_when_a_scenario_cannot_hold_there(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from agent.node.plugins import find_plugins, load_plugins
 from agent.node.udev import DEFAULT_SOURCE
 from agent.settings import Settings, SettingsError, load_settings
 from backends.contract import ClaimRef
+from simulator.apiserver.deviceclasses import is_extended_resource_name
 from simulator.apiserver.server import TestApiServer
 from simulator.node.profile import builtin_profiles
 from tests.agent_env import wait_until
@@ -687,6 +688,35 @@ _DOMAIN_LOOKUP = re.compile(r"""device\.(attributes|capacity)\s*\[\s*(?:"([^"]*)
 def test_device_classes_are_the_documented_ones() -> None:
     assert set(_device_classes()) == {"gpu.nvidia.com", "mig.nvidia.com", "tpu.google.com", "vf.sriov.dra-agent.io",
                                       "rdma-vf.sriov.dra-agent.io"}
+
+
+# The extended-resource names the classes carry (docs/devices.md "Extended-resource names"): the whole-GPU class
+# takes the device plugin's name, as NVIDIA's chart does; the others keep their implicit names only.
+EXTENDED_RESOURCE_NAMES = {"gpu.nvidia.com": "nvidia.com/gpu"}
+
+
+def test_device_classes_carry_the_documented_extended_resource_names() -> None:
+    named = {n: c["spec"]["extendedResourceName"] for n, c in _device_classes().items()
+             if c["spec"].get("extendedResourceName") is not None}
+    assert named == EXTENDED_RESOURCE_NAMES
+    for name, extended in named.items():
+        assert is_extended_resource_name(extended), f"DeviceClass {name}: {extended!r} is no extended resource name"
+    # The API server accepts a shared name, but the scheduler would then serve it from one class only.
+    assert len(set(named.values())) == len(named), "two classes share an extended resource name"
+
+
+async def test_the_device_classes_are_accepted_by_the_api_server(scratch: Path) -> None:
+    """Created through the API (not stored as given): the test API server checks extendedResourceName as the
+    real one does."""
+    async with TestApiServer() as server:
+        kube = await KubeClient.connect(server.write_kubeconfig(scratch / "kubeconfig"))
+        try:
+            for device_class in _device_classes().values():
+                await kube.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", body=device_class)
+        finally:
+            await kube.close()
+        stored = {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in server.objects("deviceclasses")}
+    assert {n: v for n, v in stored.items() if v} == EXTENDED_RESOURCE_NAMES
 
 
 def test_every_device_class_selects_a_driver_of_the_agent(agent_drivers: set[str]) -> None:

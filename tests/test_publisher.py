@@ -8,7 +8,7 @@ import gc
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from agent.kube.client import KubeClient
 from agent.logs import get_logger
 from agent.slices.build import pool_slices
 from agent.slices.publisher import Features, Publisher
-from backends.contract import CounterConsumption, CounterSet, Device
+from backends.contract import CapacityPolicy, CapacityRange, CounterConsumption, CounterSet, Device
 from simulator.apiserver.server import TestApiServer
 from tests.agent_env import wait_until
 from tests.slice_checks import assert_valid_slices
@@ -40,7 +40,8 @@ class Inventory:
 
     def build(self, features: Features) -> Sequence[dict[str, Any]]:
         return pool_slices(self.driver, NODE, self.devices, self.counter_sets, taints=self.taints,
-                           taints_supported=features.taints, counters_supported=features.counters).slices
+                           taints_supported=features.taints, counters_supported=features.counters,
+                           shares_supported=features.shares).slices
 
 
 def devices(n: int) -> list[Device]:
@@ -340,6 +341,39 @@ async def test_dropped_taints_are_reported_once_and_tainted_devices_left_out(mak
     dropped = [e for e in logs if "dropped a ResourceSlice field" in e["event"]]
     assert len(dropped) == 1 and dropped[0]["gate"] == "DRADeviceTaints" and dropped[0]["field"] == "taints"
     assert env.publisher.features == Features(taints=False, counters=True)
+
+
+async def test_without_consumable_capacity_shareable_devices_are_published_whole(
+        make_env: Callable[..., Any]) -> None:
+    env = await make_env(disabled_gates={"DRAConsumableCapacity"})
+    policy = CapacityPolicy(default=8 << 30, valid_range=CapacityRange(min=1 << 30, step=1 << 30))
+    shared = [replace(d, allow_multiple_allocations=True, capacity_policies={"memory": policy}) for d in devices(3)]
+    inventory = Inventory(GPU, shared)
+    with capture_logs() as logs:
+        await published(env, inventory)
+        await wait_until(lambda: env.publisher.features.shares is False and all(
+            "allowMultipleAllocations" not in d and "requestPolicy" not in d["capacity"]["memory"]
+            for s in env.slices() for d in s["spec"]["devices"]), scaled(5))
+        before = time.monotonic()
+        await asyncio.sleep(scaled(1))  # a window in which no write may be made
+    assert env.writes(before) == 0, "no write loop over the dropped fields"
+    assert env.names() == ["dev-0000", "dev-0001", "dev-0002"], "published whole, not left out"
+    dropped = [e for e in logs if "dropped a ResourceSlice field" in e["event"]]
+    assert {(e["gate"], e["field"]) for e in dropped} == {("DRAConsumableCapacity", "allowMultipleAllocations"),
+                                                          ("DRAConsumableCapacity", "requestPolicy")}
+    assert all(e["fallback"] == "shareable devices are published whole: one claim at a time each" for e in dropped)
+
+
+async def test_with_consumable_capacity_the_policy_is_stored(make_env: Callable[..., Any]) -> None:
+    env = await make_env()
+    policy = CapacityPolicy(default=2 << 30, valid_values=(1 << 30, 2 << 30))
+    await published(env, Inventory(GPU, [replace(devices(1)[0], allow_multiple_allocations=True,
+                                                  capacity_policies={"memory": policy})]))
+    (device,) = env.slices()[0]["spec"]["devices"]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["memory"] == {"value": "80Gi",
+                                            "requestPolicy": {"default": "2Gi", "validValues": ["1Gi", "2Gi"]}}
+    assert env.publisher.features == Features()
 
 
 async def test_dgx_h100_with_64_vfs_per_pf(scratch: Path) -> None:

@@ -45,7 +45,7 @@ async def test_a_pf_with_the_hosts_default_route_is_left_alone(scratch: Path) ->
     async with agent_in_process(scratch, "dgx-h100", backends=("sriov-nic",)):
         pass  # the node exists from now on, as a host does
     route = scratch / "node/proc/1/net/route"
-    route.parent.mkdir(parents=True)
+    route.parent.mkdir(parents=True, exist_ok=True)  # a host has it: a simulated node too
     route.write_text("Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
                      f"{PF_NETDEV}\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n")
     async with agent_in_process(scratch, "dgx-h100", backend_config=config, backends=("sriov-nic",)) as env:

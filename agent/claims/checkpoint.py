@@ -23,14 +23,17 @@ import json
 import os
 import threading
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent.claims.records import ClaimRecord, DeviceRecord
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointDamaged", "CheckpointError", "read_boot_id"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointDamaged", "CheckpointError", "Started", "read_boot_id"]
+
+Started = tuple[str, str] | tuple[str, str, str | None]
+"""A device whose preparation begins: (device, backend), or (device, backend, share id) for a share of it."""
 
 FORMAT = 2
 """Journal format. Readers refuse records of a newer format rather than misread them."""
@@ -228,15 +231,15 @@ class Checkpoint:
         """Store a claim's new state; durably unless `durable` is False (written, synced by a later record)."""
         self._append(_claim_line(claim), durable, lambda: self._set(claim.uid, claim))
 
-    def start(self, uid: str, namespace: str, name: str, devices: tuple[tuple[str, str], ...],
+    def start(self, uid: str, namespace: str, name: str, devices: Sequence[Started],
               durable: bool = True, admin: frozenset[str] = frozenset()) -> ClaimRecord:
-        """Record that preparing (device, backend) pairs for a claim begins; `admin` names the devices allocated
-        with admin access."""
+        """Record that preparing (device, backend) pairs, or (device, backend, share id) for shares, for a claim
+        begins; `admin` names the devices allocated with admin access."""
         claim = self._started(uid, namespace, name, devices, admin)
         self.record(claim, durable)
         return claim
 
-    def start_unsynced_now(self, uid: str, namespace: str, name: str, devices: tuple[tuple[str, str], ...],
+    def start_unsynced_now(self, uid: str, namespace: str, name: str, devices: Sequence[Started],
                            admin: frozenset[str] = frozenset()) -> ClaimRecord | None:
         """`start` without a sync, made only if the journal is idle this instant: one write to the page cache, so
         the event loop may call it; None (nothing recorded) when another thread is writing."""
@@ -278,10 +281,11 @@ class Checkpoint:
             os.close(self._fd)
             self._fd = None
 
-    def _started(self, uid: str, namespace: str, name: str, devices: tuple[tuple[str, str], ...],
+    def _started(self, uid: str, namespace: str, name: str, devices: Sequence[Started],
                  admin: frozenset[str]) -> ClaimRecord:
         return ClaimRecord(uid, namespace, name, "started", self.boot_id,
-                           tuple(DeviceRecord(device=d, backend=b, admin_access=d in admin) for d, b in devices),
+                           tuple(DeviceRecord(device=d[0], backend=d[1], admin_access=d[0] in admin,
+                                              share_id=d[2] if len(d) > 2 else None) for d in devices),
                            owner=self.owner)
 
     # Both run under the lock, by the thread whose record was just written.

@@ -41,8 +41,14 @@ def _parse(entry: OpaqueEntry, types: Sequence[type[OpaqueConfig]], backend: str
 
 
 def effective_config(entries: Sequence[OpaqueEntry], types: Sequence[type[OpaqueConfig]], backend: str) -> Any:
-    """Validate every applicable entry (weakest first) and return the last one, or None when there is none."""
-    typed: Any = None
+    """Validate every applicable entry (weakest first) and return the last one, or None when there is none. Two
+    entries whose types say they exclude each other (`OpaqueConfig.conflict`) fail the claim."""
+    typed: list[OpaqueConfig] = []
     for entry in entries:
-        typed = _parse(entry, types, backend)
-    return typed
+        parsed = _parse(entry, types, backend)
+        for index, earlier in enumerate(typed):
+            reason = parsed.conflict(earlier) or earlier.conflict(parsed)
+            if reason is not None:
+                raise ClaimError(f"{entry.describe()} and {entries[index].describe()}: {reason}")
+        typed.append(parsed)
+    return typed[-1] if typed else None

@@ -16,7 +16,11 @@ from agent.claims.read import ClaimAllocation, ClaimError, configs_for
 from backends.config import OpaqueConfig
 from backends.contract import Allocated, Backend, ClaimRef
 
-__all__ = ["Owner", "Plan", "one_per_uid", "plan_claim"]
+__all__ = ["DeviceKey", "Owner", "Plan", "one_per_uid", "plan_claim"]
+
+DeviceKey = tuple[str, str | None]
+"""A device as a claim holds it: its name, and the share id when the claim holds a share of it (one claim may
+hold two shares of one device, for two requests)."""
 
 
 @dataclass(frozen=True)
@@ -34,15 +38,30 @@ class Plan:
 
     allocation: ClaimAllocation
     per_backend: dict[str, tuple[Owner, list[Allocated]]]
-    requests: dict[str, tuple[str, ...]]  # device → request names (subrequests stripped)
+    requests: dict[DeviceKey, tuple[str, ...]]  # (device, share) → request names (subrequests stripped)
     admin: frozenset[str]  # devices allocated with admin access
+
+    @property
+    def devices(self) -> list[str]:
+        """The names of the claim's devices, each once, sorted."""
+        return sorted({device for device, _ in self.requests})
+
+    @property
+    def shared(self) -> frozenset[str]:
+        """The devices the claim holds shares of."""
+        return frozenset(device for device, share in self.requests if share is not None)
 
 
 def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Callable[[str], Owner | None]) -> Plan:
     """The plan for a claim's devices of `driver` in this node's `pool`."""
     per_backend: dict[str, tuple[Owner, list[Allocated]]] = {}
-    requests: dict[str, tuple[str, ...]] = {}
+    requests: dict[DeviceKey, tuple[str, ...]] = {}
     admin: set[str] = set()
+    whole = {r.device for r in allocation.devices if r.share_id is None and not r.admin_access}
+    mixed = sorted(whole & {r.device for r in allocation.devices if r.share_id is not None})
+    if mixed:
+        raise ClaimError(f"device {mixed[0]} is allocated to the claim both whole and as a share; a device is "
+                         "either shared by capacity or not")
     for result in allocation.devices:
         if result.pool != pool:
             raise ClaimError(f"device {result.device} was allocated from pool {result.pool}; "
@@ -52,12 +71,13 @@ def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Ca
             raise ClaimError(f"device {result.device} is not a device of driver {driver} on this node")
         config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
         entry = per_backend.setdefault(owner.name, (owner, []))
-        if all(a.device != result.device for a in entry[1]):
+        key = (result.device, result.share_id)
+        if all((a.device, a.share_id) != key for a in entry[1]):
             entry[1].append(Allocated(result.device, result.request, config, result.admin_access,
                                       share_id=result.share_id, consumed=result.consumed))
             if result.admin_access:
                 admin.add(result.device)
-        requests[result.device] = tuple(dict.fromkeys((*requests.get(result.device, ()), result.request_name)))
+        requests[key] = tuple(dict.fromkeys((*requests.get(key, ()), result.request_name)))
     return Plan(allocation, per_backend, requests, frozenset(admin))
 
 

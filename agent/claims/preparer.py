@@ -5,7 +5,10 @@ opaque configuration, then under the claim's and its devices' locks: answer from
 prepared (re-creating a lost CDI spec), refuse devices prepared for another claim, record `started`, let the owning
 backends prepare, write the claim's CDI spec, record `completed`, answer. Unprepare works from the checkpoint alone.
 A failure fails that claim only; whatever was done for it is undone. Devices allocated with admin access are not in
-use: they neither block nor are blocked by other claims. Start-up recovery is in agent/claims/recovery.py.
+use: they neither block nor are blocked by other claims. A device shared by capacity is held by shares: its shares
+may be prepared for many claims at once (each its own record, CDI device and share id; the owning backend decides
+whether their configurations fit together), but never together with a claim holding it whole. Start-up recovery is
+in agent/claims/recovery.py.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 
 from agent.claims.cdi import cdi_device_id, claim_spec
+from agent.claims.checkpoint import Started
 from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
+from agent.claims.holding import held_elsewhere, with_shares
 from agent.claims.locks import KeyedLocks
 from agent.claims.plan import Owner, Plan, one_per_uid, plan_claim
 from agent.claims.read import ClaimError, check_reference, read_allocation
@@ -108,7 +113,7 @@ class Preparer:
 
     async def _prepare_checked(self, ref: ClaimRef, plan: Plan) -> ClaimResult:
         started = time.perf_counter()
-        devices = sorted(plan.requests)
+        devices = plan.devices
         try:
             async with self._exclusive(ref.uid, devices):
                 result = await self._prepare_locked(ref, plan)
@@ -134,22 +139,22 @@ class Preparer:
             await self.roll_back(record)  # an earlier attempt was cut short
             record = None
         if record is not None and record.boot_id == self.checkpoint.boot_id:
-            if {d.device for d in record.devices} == set(plan.requests):
+            if {(d.device, d.share_id) for d in record.devices} == set(plan.requests):
                 if record.recovered:
                     record = await self._readopt(ref, plan, record)
                 await self.ensure_spec(record)
                 return self._answer(ref, record)
             return ClaimResult(error=f"claim {_name(ref)} was prepared with other devices; unprepare it first")
         # A claim prepared before its device turned unhealthy keeps its answer (above): its pods run already.
-        unusable = [f"{d}: {why}" for d in sorted(plan.requests) if (why := self._unusable(d))]
+        unusable = [f"{d}: {why}" for d in plan.devices if (why := self._unusable(d))]
         if unusable:
             return ClaimResult(error=f"not prepared, unhealthy device(s): {'; '.join(unusable)}")
-        conflict = self._conflict(ref, plan)
+        conflict = held_elsewhere(ref.uid, plan, self.checkpoint.claims.values())
         if conflict:
             return ClaimResult(error=conflict)
         failpoint("prepare-before-started")
-        pairs = tuple((device, owner.name) for owner, allocated in plan.per_backend.values() for device in
-                      (a.device for a in allocated))
+        pairs = tuple((a.device, owner.name, a.share_id) for owner, allocated in plan.per_backend.values()
+                      for a in allocated)
         started = await self._start(ref, plan, pairs)
         failpoint("prepare-after-started")
         prepared, error = await self._run_backends(ref, plan)
@@ -157,18 +162,17 @@ class Preparer:
             await self._undo(ref, prepared, started)
             return ClaimResult(error=error)
         failpoint("prepare-after-backends")
-        shares = {d.device: d.share_id for d in plan.allocation.devices if d.share_id is not None}
         records = tuple(
             DeviceRecord(
                 device=p.device,
                 backend=backend,
-                requests=plan.requests[p.device],
-                cdi_ids=(cdi_device_id(self.driver, ref.uid, p.device),),
+                requests=plan.requests[(p.device, p.share_id)],
+                cdi_ids=(cdi_device_id(self.driver, ref.uid, p.device, p.share_id),),
                 edits=p.edits,
                 common_edits=p.common_edits,
                 restore=dict(p.restore),
                 admin_access=p.device in plan.admin,
-                share_id=shares.get(p.device),
+                share_id=p.share_id,
                 facts=dict(p.facts),
                 network=p.network,
             )
@@ -183,7 +187,7 @@ class Preparer:
         failpoint("prepare-after-completed")
         return self._answer(ref, completed)
 
-    async def _start(self, ref: ClaimRef, plan: Plan, pairs: tuple[tuple[str, str], ...]) -> ClaimRecord:
+    async def _start(self, ref: ClaimRef, plan: Plan, pairs: tuple[Started, ...]) -> ClaimRecord:
         """Record `started` before any backend runs: synced, unless every backend of the claim keeps durable
         records of its own changes (`records_own_changes`); then the record need only survive a crash of this
         process, and is written from the loop itself when the journal is idle (no worker thread, no disk wait)."""
@@ -206,24 +210,12 @@ class Preparer:
     async def _readopt(self, ref: ClaimRef, plan: Plan, record: ClaimRecord) -> ClaimRecord:
         """A claim known from its CDI spec alone (its journal records were lost) gets its names and request names
         back from the claim the kubelet asks for again."""
-        devices = tuple(replace(d, requests=plan.requests[d.device], admin_access=d.device in plan.admin)
+        devices = tuple(replace(d, requests=plan.requests[(d.device, d.share_id)], admin_access=d.device in plan.admin)
                         for d in record.devices)
         adopted = replace(record, namespace=ref.namespace, name=ref.name, devices=devices, recovered=False)
         await asyncio.to_thread(self.checkpoint.record, adopted)
         self.log.info("claim known from its CDI spec is prepared again", claim=_name(ref))
         return adopted
-
-    def _conflict(self, ref: ClaimRef, plan: Plan) -> str:
-        wanted = set(plan.requests) - plan.admin
-        for other in self.checkpoint.claims.values():
-            if other.uid == ref.uid:
-                continue
-            taken = {d.device for d in other.devices if not d.admin_access} & wanted
-            if taken:
-                who = f"{other.namespace}/{other.name} ({other.uid})" if other.name else f"with UID {other.uid}"
-                return (f"device {sorted(taken)[0]} is already prepared for claim {who}; unprepare that claim "
-                        "first")
-        return ""
 
     async def _run_backends(self, ref: ClaimRef, plan: Plan) -> tuple[dict[str, list[Prepared]], str]:
         """Prepare on every owning backend concurrently; what succeeded is returned even when one fails."""
@@ -239,8 +231,9 @@ class Preparer:
             except Exception as e:
                 self.log.exception("backend prepare failed", backend=owner.name, claim=_name(ref))
                 return f"backend {owner.name} failed on {_devices(allocated)}: {type(e).__name__}: {e}"
-            wanted = {a.device for a in allocated}
-            if {p.device for p in prepared} != wanted or len(prepared) != len(wanted):
+            prepared = with_shares(allocated, prepared)
+            wanted = {(a.device, a.share_id) for a in allocated}
+            if {(p.device, p.share_id) for p in prepared} != wanted or len(prepared) != len(wanted):
                 return f"backend {owner.name} answered for other devices than {_devices(allocated)}"
             return prepared
 
@@ -313,7 +306,8 @@ class Preparer:
         by_backend: dict[str, list[Prepared]] = {}
         for d in record.devices:
             by_backend.setdefault(d.backend, []).append(
-                Prepared(device=d.device, edits=d.edits, common_edits=d.common_edits, restore=d.restore))
+                Prepared(device=d.device, edits=d.edits, common_edits=d.common_edits, restore=d.restore,
+                         share_id=d.share_id))
         for backend, items in by_backend.items():
             if not backend:
                 continue  # a device of a claim known from its CDI spec alone, no longer on this node

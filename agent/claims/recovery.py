@@ -20,6 +20,7 @@ All of it happens under the cross-instance lock, after reading the checkpoint af
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 
@@ -84,26 +85,39 @@ async def _adopt_unaccounted_specs(preparer: Preparer) -> set[str]:
     return unreadable
 
 
+_SHARE_SUFFIX = re.compile(r"(?P<device>.+)-(?P<share>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+
+
 def records_from_spec(driver: str, uid: str, spec: Spec, boot_id: str,
                       backend_of: Callable[[str], str]) -> ClaimRecord | None:
-    """The record of a claim rebuilt from its CDI spec (devices `<uid>-<device>`); None when the spec names no
-    device of that claim. Request names, restore records and the claim's name are not in a spec: the record is
-    marked `recovered`."""
+    """The record of a claim rebuilt from its CDI spec (devices `<uid>-<device>`, shares `<uid>-<device>-<share
+    ID>`); None when the spec names no device of that claim. Request names, restore records and the claim's name
+    are not in a spec: the record is marked `recovered`."""
     prefix = f"{uid}-"
     devices = [d for d in spec.devices if d.name.startswith(prefix) and len(d.name) > len(prefix)]
     if not devices or len(devices) != len(spec.devices):
         return None
-    records = tuple(
-        DeviceRecord(
-            device=(name := d.name.removeprefix(prefix)),
+    records = []
+    for i, d in enumerate(devices):
+        name, share = _device_and_share(d.name.removeprefix(prefix), backend_of)
+        records.append(DeviceRecord(
+            device=name,
             backend=backend_of(name),
-            cdi_ids=(cdi_device_id(driver, uid, name),),
+            cdi_ids=(cdi_device_id(driver, uid, name, share),),
             edits=d.container_edits,
             common_edits=spec.container_edits if i == 0 else None,
-        )
-        for i, d in enumerate(devices)
-    )
-    return ClaimRecord(uid, "", "", "completed", boot_id, records, recovered=True)
+            share_id=share,
+        ))
+    return ClaimRecord(uid, "", "", "completed", boot_id, tuple(records), recovered=True)
+
+
+def _device_and_share(name: str, backend_of: Callable[[str], str]) -> tuple[str, str | None]:
+    """`<device>` or `<device>-<share ID>`: a name ending in a UUID is a share when what comes before it is a device
+    of this node and the whole name is not."""
+    match = _SHARE_SUFFIX.fullmatch(name)
+    if match is not None and not backend_of(name) and backend_of(match["device"]):
+        return match["device"], match["share"]
+    return name, None
 
 
 def _backend_of(preparer: Preparer) -> Callable[[str], str]:

@@ -9,7 +9,7 @@ A device the API server would reject is left out, with the reason, instead of fa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.kube.names import is_label_value
@@ -17,7 +17,7 @@ from agent.kube.quantity import format_quantity
 from agent.slices.device_rules import validate_device
 from agent.slices.rules import MAX_COUNTER_SETS, MAX_DEVICES_PER_SLICE, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS
 from backends.attributes import attribute_json
-from backends.contract import AttributeValue, CounterSet, Device
+from backends.contract import AttributeValue, CapacityPolicy, CounterSet, Device
 
 __all__ = [
     "API_VERSION",
@@ -58,8 +58,14 @@ def device_body(device: Device, taints: Sequence[dict[str, Any]] = ()) -> dict[s
     attributes = device.published_attributes()
     if attributes:
         body["attributes"] = {key: attribute_body(attributes[key]) for key in sorted(attributes)}
+    if device.allow_multiple_allocations:
+        body["allowMultipleAllocations"] = True
+    unknown = sorted(device.capacity_policies.keys() - device.capacity.keys())
+    if unknown:
+        raise ValueError(f"request policies for capacities it does not have: {', '.join(unknown)}")
     if device.capacity:
-        body["capacity"] = {key: {"value": format_quantity(device.capacity[key])} for key in sorted(device.capacity)}
+        body["capacity"] = {key: _capacity_body(device.capacity[key], device.capacity_policies.get(key))
+                            for key in sorted(device.capacity)}
     if device.consumes_counters:
         body["consumesCounters"] = [
             {"counterSet": c.counter_set, "counters": {k: {"value": format_quantity(v)} for k, v in c.counters.items()}}
@@ -67,6 +73,20 @@ def device_body(device: Device, taints: Sequence[dict[str, Any]] = ()) -> dict[s
         ]
     if taints:
         body["taints"] = list(taints)
+    return body
+
+
+def _capacity_body(value: int, policy: CapacityPolicy | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"value": format_quantity(value)}
+    if policy is None:
+        return body
+    request_policy: dict[str, Any] = {"default": format_quantity(policy.default)}
+    if policy.valid_values:
+        request_policy["validValues"] = [format_quantity(v) for v in policy.valid_values]
+    elif policy.valid_range is not None:
+        bounds = {"min": policy.valid_range.min, "max": policy.valid_range.max, "step": policy.valid_range.step}
+        request_policy["validRange"] = {k: format_quantity(v) for k, v in bounds.items() if v is not None}
+    body["requestPolicy"] = request_policy
     return body
 
 
@@ -105,6 +125,7 @@ def pool_slices(
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     taints_supported: bool = True,
     counters_supported: bool = True,
+    shares_supported: bool = True,
     taintable: bool = False,
     generation: int = 0,
 ) -> PoolSlices:
@@ -114,8 +135,10 @@ def pool_slices(
     gate is off), `taints_supported` False leaves a tainted device out instead: not offered beats offered as
     healthy. Where it drops counters (DRAPartitionableDevices off), `counters_supported` False leaves out the
     counter sets and the devices that consume them: without counters the scheduler could hand out
-    overlapping partitions. Taints with effect None are informational: without taint support they are
-    dropped and the device stays.
+    overlapping partitions. Where it drops consumable capacity (DRAConsumableCapacity off),
+    `shares_supported` False publishes shareable devices as ordinary ones (each allocated whole, to one claim at
+    a time), which is what the server would store anyway. Taints with effect None are informational: without
+    taint support they are dropped and the device stays.
 
     `taintable` fills every slice to 64 devices, the limit for slices with a tainted device, so that a device
     becoming tainted or healthy again rewrites its own slice only, instead of moving devices between slices
@@ -134,6 +157,8 @@ def pool_slices(
             rejected.append(f"{device.name}: tainted ({', '.join(t['key'] for t in device_taints)}), and this "
                             "cluster cannot publish taints; left out until it recovers")
             continue
+        if device.allow_multiple_allocations and not shares_supported:
+            device = replace(device, allow_multiple_allocations=False, capacity_policies={})
         try:
             body = device_body(device, [dict(t) for t in device_taints])
         except ValueError as e:

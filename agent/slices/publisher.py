@@ -35,7 +35,11 @@ _BURST_SYNCS, _BURST_SECONDS = 10, 10.0  # this many syncs that wrote, this quic
 
 # Fields the API server drops when a feature gate is off, with the gate to name in the message.
 _GATED = {"taints": "DRADeviceTaints", "consumesCounters": "DRAPartitionableDevices",
-          "sharedCounters": "DRAPartitionableDevices"}
+          "sharedCounters": "DRAPartitionableDevices", "allowMultipleAllocations": "DRAConsumableCapacity",
+          "requestPolicy": "DRAConsumableCapacity"}
+_FALLBACKS = {"taints": "tainted devices are left out",
+              "allowMultipleAllocations": "shareable devices are published whole: one claim at a time each",
+              "requestPolicy": "shareable devices are published whole: one claim at a time each"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Features:
 
     taints: bool = True
     counters: bool = True
+    shares: bool = True
 
 
 Builder = Callable[[Features], Sequence[Mapping[str, Any]]]
@@ -262,10 +267,11 @@ class Publisher:
             self._reported.add(name)
             self._log.error("the API server dropped a ResourceSlice field: its feature gate is off in this "
                             "cluster", field=name, gate=_GATED[name],
-                            fallback="tainted devices are left out" if name == "taints"
-                            else "devices that consume counters are left out")
+                            fallback=_FALLBACKS.get(name, "devices that consume counters are left out"))
         features = Features(taints=self.features.taints and "taints" not in dropped,
-                            counters=self.features.counters and not dropped & {"consumesCounters", "sharedCounters"})
+                            counters=self.features.counters and not dropped & {"consumesCounters", "sharedCounters"},
+                            shares=self.features.shares
+                            and not dropped & {"allowMultipleAllocations", "requestPolicy"})
         if features != self.features:
             self.features = features
             for pool in self._pools.values():
@@ -338,7 +344,11 @@ def _dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> set[s
     stored_devices = {d.get("name"): d for d in stored["spec"].get("devices") or ()}
     for device in sent["spec"].get("devices") or ():
         kept = stored_devices.get(device["name"], {})
-        for name in ("taints", "consumesCounters"):
+        for name in ("taints", "consumesCounters", "allowMultipleAllocations"):
             if device.get(name) and not kept.get(name):
                 dropped.add(name)
+        for capacity_name, capacity in (device.get("capacity") or {}).items():
+            if capacity.get("requestPolicy") and not (kept.get("capacity") or {}).get(capacity_name, {}).get(
+                    "requestPolicy"):
+                dropped.add("requestPolicy")
     return dropped

@@ -23,7 +23,7 @@ from backends.contract import (
     Unserved,
     Version,
 )
-from backends.nvidia.config import DEFAULT_GPU_CONFIG, GpuBackendConfig, GpuConfig
+from backends.nvidia.config import DEFAULT_GPU_CONFIG, GpuBackendConfig, GpuConfig, NvidiaHealthConfig
 from backends.nvidia.driver_files import Capability, driver_mounts
 from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.health_feed import HealthFeed
@@ -58,7 +58,7 @@ class NvidiaBackend(BackendBase):
     Subclasses call `watch(devices)` after each discovery with what every published device is in NVML terms.
     """
 
-    config_model: ClassVar[type[GpuBackendConfig]] = GpuBackendConfig
+    config_model: ClassVar[type[NvidiaHealthConfig]] = GpuBackendConfig
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,7 +123,7 @@ class NvidiaBackend(BackendBase):
         self._driver = DriverRoot(ctx.host_root, ctx.driver_root, ctx.dev_root)
         use_driver_root(self._driver)
         config = self._config
-        assert isinstance(config, GpuBackendConfig)
+        assert isinstance(config, NvidiaHealthConfig)
         self._feed = HealthFeed(log=ctx.log, ignored_xids=config.ignored_xids, recheck_seconds=config.recheck_seconds,
                                 sysfs_root=ctx.sysfs_root, udev=ctx.udev, registry=ctx.registry)
         self._loop = asyncio.get_running_loop()

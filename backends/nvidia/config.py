@@ -16,16 +16,18 @@ __all__ = [
     "ExclusiveProcess",
     "GpuBackendConfig",
     "GpuConfig",
+    "GpuSharingSettings",
     "MigBackendConfig",
     "MigMode",
     "Mps",
+    "NvidiaHealthConfig",
     "Sharing",
     "TimeSlicing",
 ]
 
 
-class GpuBackendConfig(BackendConfig):
-    """`backend_config.nvidia-gpu`: how GPU health is judged.
+class NvidiaHealthConfig(BackendConfig):
+    """What both NVIDIA backends' configurations hold: how GPU health is judged.
 
     `ignoredXids` lists the Xid codes that leave a GPU healthy (the whole list: the default is NVIDIA's list of
     application-caused Xids); `recheckSeconds` is how often a GPU that does not answer NVML is probed for its
@@ -43,10 +45,31 @@ class GpuBackendConfig(BackendConfig):
     nvml_retry_seconds: float = Field(default=30.0, alias="nvmlRetrySeconds", ge=1, le=3600)
 
 
+class GpuSharingSettings(BaseModel):
+    """`backend_config.nvidia-gpu.sharing`: whether full GPUs are offered to many claims at once.
+
+    `byMemory: true` publishes every full GPU with `allowMultipleAllocations`: a claim asks for an amount of the
+    GPU's `memory` capacity (`exactly.capacity.requests.memory`), in steps of `memoryStep` (1Gi unless set), and
+    several claims share the GPU as long as their amounts fit in its memory. The amount is a promise the scheduler
+    keeps, not a limit the GPU enforces (see docs/devices.md). Off by default: each GPU goes to one claim.
+    """
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    by_memory: bool = Field(default=False, alias="byMemory")
+    memory_step: int = Field(default=2**30, alias="memoryStep", ge=2**20)
+
+
+class GpuBackendConfig(NvidiaHealthConfig):
+    """`backend_config.nvidia-gpu`: health settings, and `sharing` (`GpuSharingSettings`)."""
+
+    sharing: GpuSharingSettings = Field(default_factory=GpuSharingSettings)
+
+
 MigMode = Literal["static", "dynamic"]
 
 
-class MigBackendConfig(GpuBackendConfig):
+class MigBackendConfig(NvidiaHealthConfig):
     """`backend_config.nvidia-mig`: the health settings of nvidia-gpu, and how MIG-enabled GPUs are offered.
 
     `mode` `static` publishes the MIG devices that exist; `dynamic` publishes the whole GPU and every MIG profile

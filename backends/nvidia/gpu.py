@@ -1,17 +1,21 @@
-"""The nvidia-gpu backend: one device per full GPU (GPUs in MIG mode belong to nvidia-mig)."""
+"""The nvidia-gpu backend: one device per full GPU (GPUs in MIG mode belong to nvidia-mig); with
+`sharing.byMemory`, each GPU shared by memory between claims (see `gpu_shares`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from backends.contract import Allocated, BackendContext, ClaimRef, Device, Inventory, Prepared, PrepareError
 from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost
-from backends.nvidia.config import GpuConfig
+from backends.nvidia.config import GpuBackendConfig, GpuConfig
+from backends.nvidia.gpu_shares import GpuShares, memory_policy, sharing_of
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_whole import held_whole
-from backends.nvidia.nvml import GpuInfo, GpuProblem, SystemInfo
+from backends.nvidia.nvml import GpuInfo, GpuProblem, NvmlError, SystemInfo, nvml_session
+from backends.nvidia.nvml_compute import MigMode, mig_mode
 from backends.nvidia.passthrough import describe, held_device
 from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.sysfs import read_link_name
@@ -37,6 +41,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         self._devices: dict[str, Device] = {}  # device name → what was published, from the last discovery
         self._mig_gpus: set[int] = set()  # indexes of GPUs left to nvidia-mig, from the last discovery
         self._modes: ComputeModes | None = None
+        self._shares: GpuShares | None = None
         # GPUs being given back from vfio-pci: name → (hand-back number, as published, PCI address); see
         # `_returning_devices`.
         self._returning: dict[str, tuple[int, Device, str]] = {}
@@ -45,6 +50,7 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)
         self._modes = ComputeModes(ctx.state_dir, ctx.log)
+        self._shares = GpuShares(ctx.state_dir, ctx.log)
 
     async def discover(self) -> Inventory:
         # GPUs on vfio-pci for a claim are gone from NVML: published as they were, not watched through NVML. The
@@ -106,13 +112,22 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         assert self._modes is not None
         return self._modes
 
+    @property
+    def shares(self) -> GpuShares:
+        assert self._shares is not None
+        return self._shares
+
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
         """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all; the
         compute mode the GpuConfig's sharing asks for. A GPU configured with VfioConfig is bound to vfio-pci
-        instead and gets only its VFIO nodes."""
+        instead and gets only its VFIO nodes. A share of a GPU gets the GPU's device node and its amount of memory
+        as a hint (`DRA_AGENT_GPU_SHARE_MEMORY`), once its GPU and the other shares of it allow."""
         missing = [a.device for a in devices if a.device not in self._refs]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
+        shares = [a for a in devices if a.share_id is not None and not a.admin_access]
+        if shares:
+            await self._check_shares(shares)
         through = {a.device for a in devices if wants_passthrough(a)}
         plain = [a for a in devices if a.device not in through]
         minors = {a.device: self._minor(a.device) for a in plain}
@@ -120,31 +135,66 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         if gone:
             raise PrepareError(await self._why_not_on_nvidia(gone))
         common = await self.common_edits(plain) if plain else None
-        prepared: dict[str, Prepared] = {}
+        prepared: dict[tuple[str, str | None], Prepared] = {}
         try:
             for a in plain:
                 restore: dict[str, Any] = {}
                 mode = wanted_mode(a)
+                share = a.share_id if a in shares else None
+                # Recorded first: a crash from here on leaves an entry the rollback or the next start drops.
+                if share is not None:
+                    prepared[(a.device, share)] = Prepared(device=a.device, edits=ContainerEdits(), share_id=share)
+                    await asyncio.to_thread(self.shares.admit, claim.uid, a.device, share, sharing_of(a))
                 if mode is not None:
                     restore["computeMode"] = await asyncio.to_thread(
-                        self.modes.apply, claim.uid, a.device, self._refs[a.device].bus_id, mode)
-                prepared[a.device] = Prepared(
+                        self.modes.apply, claim.uid, a.device, self._refs[a.device].bus_id, mode, share)
+                env = (f"DRA_AGENT_GPU_SHARE_MEMORY={a.consumed['memory']}",) if "memory" in a.consumed else ()
+                prepared[(a.device, a.share_id)] = Prepared(
                     device=a.device,
-                    edits=ContainerEdits(device_nodes=(self.device_node(f"nvidia{minors[a.device]}"),)),
+                    edits=ContainerEdits(device_nodes=(self.device_node(f"nvidia{minors[a.device]}"),),
+                                         env=env if share is not None else ()),
                     common_edits=common,
                     restore=restore,
+                    share_id=a.share_id,
                 )
             passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if a.device in through]
             if passthrough:
                 published = {ref.bus_id for ref in self._refs.values()}
                 notes = {d: describe(self._devices[d], bus_id) for d, bus_id in passthrough}
                 for item in await self.passthrough().prepare(claim.uid, passthrough, published, notes):
-                    prepared[item.device] = item
+                    prepared[(item.device, None)] = item
         except BaseException:
-            # One claim is all or nothing: compute modes this call set go back.
+            # One claim is all or nothing: compute modes this call set go back, and the shares it recorded go.
             await self._restore_modes(claim, list(prepared.values()))
             raise
-        return [prepared[a.device] for a in devices]
+        return [prepared[(a.device, a.share_id)] for a in devices]
+
+    async def _check_shares(self, shares: Sequence[Allocated]) -> None:
+        """Refuse shares the GPU cannot give: of a GPU passed through or handed to nvidia-mig (MIG mode on, or held
+        whole for a claim), with a configuration that passes the GPU through, or of a backend not sharing."""
+        config = self._config
+        assert isinstance(config, GpuBackendConfig)
+        for a in shares:
+            if wants_passthrough(a):
+                raise PrepareError(f"{a.device}: a share of a GPU cannot be passed through with vfio-pci: the whole "
+                                   "GPU leaves the nvidia driver; ask for the whole GPU instead")
+            if not config.sharing.by_memory:
+                raise PrepareError(f"{a.device}: allocated as a share, but this node does not share GPUs by memory "
+                                   "(backend_config.nvidia-gpu.sharing.byMemory is off)")
+            wanted_mode(a)  # refuses ExclusiveProcess for a share
+        held = held_whole(self.ctx.sysfs_root)
+        for a in shares:
+            bus_id = self._refs[a.device].bus_id
+            if bus_id in held:
+                raise PrepareError(f"{a.device}: GPU {bus_id} is held whole by nvidia-mig for a claim; no share of it "
+                                   "can be prepared until that claim is unprepared")
+            try:
+                mode = await asyncio.to_thread(_mig_mode, bus_id)
+            except NvmlError as e:
+                raise PrepareError(f"{a.device}: cannot read the MIG mode of GPU {bus_id}: {e}") from None
+            if mode.enabled or mode.pending:
+                raise PrepareError(f"{a.device}: GPU {bus_id} is in MIG mode (or about to be): its memory belongs "
+                                   "to MIG devices (nvidia-mig); a share of the full GPU is refused")
 
     def _minor(self, device: str) -> int | None:
         """N of the GPU's /dev/nvidiaN while the nvidia driver holds it: from the last discovery, or for a GPU given
@@ -167,7 +217,8 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         return "; ".join(reasons)
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
-        """GPUs passed through go back to their driver; GPUs whose compute mode was set get their own back."""
+        """GPUs passed through go back to their driver; GPUs whose compute mode was set get their own back (for
+        shares, when the last share of the GPU goes); shares are forgotten."""
         await self._restore_modes(claim, prepared)
         # Known as returning before their journal entries go: no discovery in between may miss them.
         entries = {e["device"]: e for e in await self.passthrough().entries() if e["claim"] == claim.uid}
@@ -180,17 +231,23 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
 
     async def _restore_modes(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         for item in prepared:
-            await asyncio.to_thread(self.modes.restore, claim.uid, item.device, item.restore.get("computeMode"))
+            await asyncio.to_thread(self.modes.restore, claim.uid, item.device, item.restore.get("computeMode"),
+                                    item.share_id)
+            if item.share_id is not None:
+                await asyncio.to_thread(self.shares.release, claim.uid, item.device, item.share_id)
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         """GPUs left on vfio-pci, or in a compute mode set, for claims no longer held go back as they were."""
         await asyncio.to_thread(self.modes.reconcile, held)
+        await asyncio.to_thread(self.shares.reconcile, held)
         await self.passthrough().reconcile(held)
 
     async def stop(self) -> None:
         await super().stop()
         if self._modes is not None:
             self._modes.close()
+        if self._shares is not None:
+            self._shares.close()
 
     def _discover(self) -> Inventory:
         return self.read_nvml(self._inventory)
@@ -238,4 +295,18 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
             capacity={"memory": gpu.memory_bytes},
             topology=topology,
         )
+        config = self._config
+        assert isinstance(config, GpuBackendConfig)
+        if config.sharing.by_memory:
+            policy = memory_policy(gpu.memory_bytes, config.sharing.memory_step)
+            if policy is None:
+                problems.append(f"has {gpu.memory_bytes} bytes of memory, less than two sharing steps of "
+                                f"{config.sharing.memory_step}: published whole, not shared")
+            else:
+                device = replace(device, allow_multiple_allocations=True, capacity_policies={"memory": policy})
         return device, [f"GPU {gpu.bus_id}: {p}" for p in problems] + list(topology.problems)
+
+
+def _mig_mode(bus_id: str) -> MigMode:
+    with nvml_session():
+        return mig_mode(bus_id)

@@ -7,6 +7,11 @@ EXCLUSIVE_PROCESS. A MIG device has no compute mode of its own (NVML says NOT_SU
 take turns, so `TimeSlicing` asks for nothing there and `ExclusiveProcess` is refused. A claim with adminAccess
 watches a GPU another claim may hold and never changes its mode.
 
+Shares of a GPU (it is shared by capacity, see `gpu_shares`): every share whose configuration sets a mode sets
+the same one (the shares' configurations must agree), so the first share records the GPU's mode from before and
+sets it, the others record that same original, and the mode goes back only when the last of them goes.
+`ExclusiveProcess` is refused for a share: one process at a time cannot serve several claims.
+
 Crash safety: the GPU's mode before the change is recorded in a journal in the backend's state directory (the
 intent) before NVML is asked to change it, and goes into the claim's restore record. Unprepare, the rollback of a
 prepare a crash cut short, and `reconcile` at start put the recorded mode back and drop the entry.
@@ -44,12 +49,20 @@ def wanted_mode(allocated: Allocated, mig_device: bool = False) -> int | None:
     sharing = config.sharing if isinstance(config, GpuConfig) else None
     if sharing is None or allocated.admin_access:
         return None
+    if allocated.share_id is not None and isinstance(sharing, ExclusiveProcess):
+        raise PrepareError(f"{allocated.device}: sharing strategy ExclusiveProcess cannot be used on a share of a "
+                           "GPU: one process at a time cannot serve the several claims sharing it by memory; use "
+                           "TimeSlicing or no sharing strategy")
     if mig_device:
         if isinstance(sharing, ExclusiveProcess):
             raise PrepareError(f"{allocated.device}: sharing strategy ExclusiveProcess needs a full GPU; a MIG "
                                "device has no compute mode of its own (its processes always take turns)")
         return None
     return DEFAULT if isinstance(sharing, TimeSlicing) else EXCLUSIVE_PROCESS
+
+
+def _key(claim: str, device: str, share: str | None) -> str:
+    return f"{claim}/{device}" if share is None else f"{claim}/{device}/{share}"
 
 
 def _name(mode: int) -> str:
@@ -74,24 +87,32 @@ class ComputeModes:
                 self._log.error(problem)
             self._loaded = True
 
-    def apply(self, claim: str, device: str, bus_id: str, mode: int) -> dict[str, Any]:
-        """Set the GPU at `bus_id` to `mode` for (claim, device), recording the mode it had first; the restore
-        record."""
+    def apply(self, claim: str, device: str, bus_id: str, mode: int, share: str | None = None) -> dict[str, Any]:
+        """Set the GPU at `bus_id` to `mode` for (claim, device), or for one `share` of it, recording the mode it
+        had first; the restore record."""
         if self._journal is None:
             raise PrepareError("GPU sharing is set only by `dra-agent run`, which records the GPU's mode to put "
                                "it back")
         with self._lock, nvml_session():
             self._load()
-            key = f"{claim}/{device}"
+            key = _key(claim, device, share)
+            shared_original: int | None = None
             for other_key, other in self._journal:
-                if other_key != key and other["busId"] == bus_id:
+                if other_key == key or other["busId"] != bus_id:
+                    continue
+                if share is None or "share" not in other or other.get("mode") != mode:
                     raise PrepareError(f"{device}: the compute mode of GPU {bus_id} is set for claim "
                                        f"{other['claim']} already")
+                shared_original = other["original"]  # the mode from before the first share
             entry = self._journal.get(key)
             try:
                 # An entry left by an attempt that did not finish knows the mode from before it.
-                original = entry["original"] if entry is not None else compute_mode(bus_id)
-                self._journal.put(key, {"claim": claim, "device": device, "busId": bus_id, "original": original})
+                original = entry["original"] if entry is not None else (
+                    shared_original if shared_original is not None else compute_mode(bus_id))
+                record = {"claim": claim, "device": device, "busId": bus_id, "original": original}
+                if share is not None:
+                    record |= {"share": share, "mode": mode}
+                self._journal.put(key, record)
                 if compute_mode(bus_id) != mode:
                     set_compute_mode(bus_id, mode)
             except NvmlError as e:
@@ -103,16 +124,21 @@ class ComputeModes:
                        original=_name(original))
         return {"busId": bus_id, "original": original}
 
-    def restore(self, claim: str, device: str, record: Mapping[str, Any] | None = None) -> None:
-        """Put back the mode recorded for (claim, device) in the journal (or, failing that, in `record`, the
-        restore record); nothing to do when neither has one."""
+    def restore(self, claim: str, device: str, record: Mapping[str, Any] | None = None,
+                share: str | None = None) -> None:
+        """Put back the mode recorded for (claim, device), or one `share` of it, in the journal (or, failing that,
+        in `record`, the restore record); nothing to do when neither has one. A share leaves the mode to the
+        shares that stay."""
         with self._lock:
             self._load()
-            key = f"{claim}/{device}"
+            key = _key(claim, device, share)
             entry = self._journal.get(key) if self._journal is not None else None
             if entry is None and record:
                 entry = {"busId": record["busId"], "original": record["original"]}
             if entry is None:
+                return
+            if share is not None and self._journal is not None and self._shared_by_others(key, entry["busId"]):
+                self._journal.remove(key)
                 return
             with nvml_session():
                 self._restore(key, device, entry)
@@ -128,9 +154,16 @@ class ComputeModes:
                 return
             with nvml_session():
                 for key, entry in stale:
+                    if "share" in entry and self._shared_by_others(key, entry["busId"]):
+                        self._journal.remove(key)  # the shares that stay keep the mode
+                        continue
                     self._log.warning("restoring a GPU compute mode set for a claim no longer prepared",
                                       device=entry["device"], claim=entry["claim"], gpu=entry["busId"])
                     self._restore(key, entry["device"], entry)
+
+    def _shared_by_others(self, key: str, bus_id: str) -> bool:
+        assert self._journal is not None
+        return any(k != key and e["busId"] == bus_id for k, e in self._journal)
 
     def close(self) -> None:
         if self._journal is not None:

@@ -19,9 +19,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.claims.status_rules import DeviceKey, device_key
+from simulator.apiserver.objects import drop_deallocated_status_devices
 from simulator.apiserver.resources import RESOURCE_CLAIMS, ApiError, JsonObject, invalid
 
-__all__ = ["APPLY_PATCH", "apply_status_devices", "owned_keys", "prune_managed_fields"]
+__all__ = ["APPLY_PATCH", "apply_status_devices", "claim_status_written", "owned_keys", "prune_managed_fields"]
 
 APPLY_PATCH = "application/apply-patch+yaml"
 _STATUS = "status"
@@ -92,6 +93,19 @@ def apply_status_devices(old: Mapping[str, Any], applied: Mapping[str, Any], man
         position = mine if mine is not None else len(result)
         result.insert(min(position, len(result)), _with_keys(mine_entry, applied_keys, devices))
     return new_status, result
+
+
+def claim_status_written(claim: JsonObject, old: Mapping[str, Any],
+                         managed_fields: Sequence[JsonObject] | None) -> None:
+    """What every status write of a ResourceClaim does besides: entries of deallocated devices dropped, and its
+    managedFields those of an apply (`managed_fields`), else the stored ones less the entries that are gone."""
+    drop_deallocated_status_devices(claim, old)
+    meta = claim["metadata"]
+    managed = list(managed_fields) if managed_fields is not None else prune_managed_fields(
+        (old.get("metadata") or {}).get("managedFields") or [], (claim.get("status") or {}).get("devices") or [])
+    meta.pop("managedFields", None)
+    if managed:
+        meta["managedFields"] = managed
 
 
 def prune_managed_fields(managed: Sequence[Mapping[str, Any]], devices: Sequence[Mapping[str, Any]]

@@ -6,6 +6,7 @@ MicroTimes that come before validation.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -15,9 +16,9 @@ from agent.events.rules import is_micro_time
 from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
 from simulator.apiserver.resources import ApiError, JsonObject
 
-__all__ = ["Key", "decode_micro_times", "default_taint_times", "drop_deallocated_status_devices",
-           "drop_disabled_fields", "json_copy", "merge_patch",
-           "name_errors", "now", "object_key", "with_version", "without_type"]
+__all__ = ["Key", "allocation_errors", "decode_micro_times", "default_taint_times", "drop_deallocated_status_devices",
+           "drop_disabled_fields", "json_copy", "merge_patch", "name_errors", "now", "object_key", "with_version",
+           "without_type"]
 
 Key = tuple[str, str]  # (namespace or "", name)
 
@@ -65,7 +66,11 @@ def with_version(obj: JsonObject, rv: int) -> JsonObject:
 _GATED_DEVICE_FIELDS = {
     "DRADeviceTaints": ("taints",),
     "DRAPartitionableDevices": ("consumesCounters", "nodeName", "nodeSelector", "allNodes"),
+    "DRAConsumableCapacity": ("allowMultipleAllocations",),
 }
+
+# Fields of a device's capacity entries dropped with a gate off.
+_GATED_CAPACITY_FIELDS = {"DRAConsumableCapacity": ("requestPolicy",)}
 
 
 _GATED_SPEC_FIELDS = {"DRAPartitionableDevices": ("sharedCounters", "perDeviceNodeSelection")}
@@ -79,14 +84,20 @@ def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[
         return
     old_spec = (old or {}).get("spec") or {}
 
-    def used(fields: tuple[str, ...], device_fields: tuple[str, ...]) -> bool:
+    def capacities(device: Any) -> list[Any]:
+        capacity = device.get("capacity") if isinstance(device, dict) else None
+        return list(capacity.values()) if isinstance(capacity, dict) else []
+
+    def used(fields: tuple[str, ...], device_fields: tuple[str, ...], capacity_fields: tuple[str, ...]) -> bool:
         return any(old_spec.get(f) is not None for f in fields) or any(
-            isinstance(d, dict) and any(d.get(f) is not None for f in device_fields)
+            isinstance(d, dict) and (any(d.get(f) is not None for f in device_fields) or any(
+                isinstance(c, dict) and c.get(f) is not None for c in capacities(d) for f in capacity_fields))
             for d in old_spec.get("devices") or ())
 
     for gate in disabled:
         spec_fields, device_fields = _GATED_SPEC_FIELDS.get(gate, ()), _GATED_DEVICE_FIELDS.get(gate, ())
-        if used(spec_fields, device_fields):
+        capacity_fields = _GATED_CAPACITY_FIELDS.get(gate, ())
+        if used(spec_fields, device_fields, capacity_fields):
             continue
         for name in spec_fields:
             spec.pop(name, None)
@@ -94,6 +105,10 @@ def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[
             for name in device_fields:
                 if isinstance(device, dict):
                     device.pop(name, None)
+            for capacity in capacities(device):
+                for name in capacity_fields:
+                    if isinstance(capacity, dict):
+                        capacity.pop(name, None)
 
 
 def drop_deallocated_status_devices(claim: JsonObject, old: Mapping[str, Any]) -> None:
@@ -137,3 +152,21 @@ def name_errors(meta: Mapping[str, Any]) -> list[str]:
     if not name:
         return ["metadata.name: name or generateName is required"]
     return [] if is_dns_subdomain(name) else [f"metadata.name: {SUBDOMAIN_MSG}, got {json.dumps(name)}"]
+
+
+_SHARE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def allocation_errors(claim: JsonObject) -> list[str]:
+    """The server's checks of a ResourceClaim's allocation results that the agent relies on: a result's
+    ``shareID`` is a lowercase 36-character UUID."""
+    allocation = (claim.get("status") or {}).get("allocation") if isinstance(claim.get("status"), dict) else None
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    results = devices.get("results") if isinstance(devices, dict) else None
+    errors = []
+    for index, result in enumerate(results if isinstance(results, list) else ()):
+        share = result.get("shareID") if isinstance(result, dict) else None
+        if share is not None and not (isinstance(share, str) and _SHARE_ID.fullmatch(share)):
+            errors.append(f"status.allocation.devices.results[{index}].shareID: Invalid value: "
+                          f"{json.dumps(share)}: must be a lowercase UUID in 8-4-4-4-12 format")
+    return errors

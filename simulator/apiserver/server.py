@@ -10,7 +10,8 @@ Left out on purpose: namespaces as objects (any namespace exists), finalizers an
 admission, feature-gated field dropping, Warning headers, managedFields and server-side apply (but for a
 ResourceClaim's status.devices, simulator/apiserver/apply.py), JSON patch
 and strategic-merge directives, ``fieldValidation``, validation of other kinds than ResourceSlice and
-events.k8s.io/v1 Event beyond their names, the time to live of Events, consistent snapshots behind list
+events.k8s.io/v1 Event beyond their names (but a DeviceClass's extendedResourceName), the time to live of Events,
+consistent snapshots behind list
 ``continue`` tokens and ``resourceVersion`` reads, closing watches that fall behind, conversion between the
 core/v1 and events.k8s.io/v1 Event APIs, and aggregated discovery.
 """

@@ -3,10 +3,11 @@
 Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
 and taint ``timeAdded``, ResourceClaim status only through ``/status``, its ``status.devices`` entries of
 deallocated devices dropped), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
-ResourceClaim's ``status.devices`` on status writes, other kinds their names), optimistic concurrency (409),
-no-op updates that neither bump the resourceVersion nor notify watchers, and server-side apply of a claim's
-``status.devices``. Stored objects are never mutated once committed, so they can be shared with watchers and
-serialised without copying.
+ResourceClaim's ``status.devices`` and allocation results' shareIDs on status writes, other kinds their names),
+optimistic concurrency (409), no-op updates that neither bump the resourceVersion nor notify watchers, and
+server-side apply of a claim's ``status.devices``. A DeviceClass's extendedResourceName is checked
+(simulator/apiserver/deviceclasses.py). Stored objects are never mutated once committed, so they can be shared
+with watchers and serialised without copying.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from typing import Any
 from agent.claims.status_rules import claim_status_errors
 from agent.events.rules import validate_event, validate_event_update
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
-from simulator.apiserver.apply import apply_status_devices, prune_managed_fields
+from simulator.apiserver.apply import apply_status_devices, claim_status_written
+from simulator.apiserver.deviceclasses import drop_disabled_class_fields, validate_device_class
 from simulator.apiserver.objects import (
     Key,
+    allocation_errors,
     decode_micro_times,
     default_taint_times,
-    drop_deallocated_status_devices,
     drop_disabled_fields,
     json_copy,
     merge_patch,
@@ -39,6 +41,7 @@ from simulator.apiserver.objects import (
     without_type,
 )
 from simulator.apiserver.resources import (
+    DEVICE_CLASSES,
     EVENTS_V1,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
@@ -165,6 +168,9 @@ class Store:
             errors = validate_event(obj)
         else:
             errors = name_errors(meta)
+            if rt is DEVICE_CLASSES:
+                drop_disabled_class_fields(obj, None, self.disabled_gates)
+                errors += validate_device_class(obj)
         if errors:
             raise invalid(rt, str(meta.get("name") or ""), errors)
         if (namespace if rt.namespaced else "", meta["name"]) in self._objects[rt]:
@@ -213,25 +219,24 @@ class Store:
         if rt is RESOURCE_SLICES:
             drop_disabled_fields(obj, old, self.disabled_gates)
             default_taint_times(obj)  # defaulting comes first, so a defaulted time counts as a spec change
+        elif rt is DEVICE_CLASSES:
+            drop_disabled_class_fields(obj, old, self.disabled_gates)
         if rt.tracks_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation") or 0) + 1
         if rt is RESOURCE_CLAIMS and status:
-            drop_deallocated_status_devices(obj, old)
-            managed = list(managed_fields) if managed_fields is not None else prune_managed_fields(
-                old_meta.get("managedFields") or [], (obj.get("status") or {}).get("devices") or [])
-            meta.pop("managedFields", None)
-            if managed:
-                meta["managedFields"] = managed
+            claim_status_written(obj, old, managed_fields)
         errors: list[str] = []
         if rt is RESOURCE_SLICES:
             errors = validate_resource_slice_update(old, obj)
         elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
             errors = ["spec: field is immutable"]
         elif rt is RESOURCE_CLAIMS and status:
-            errors = claim_status_errors(obj.get("status") or {})
+            errors = allocation_errors(obj) + claim_status_errors(obj.get("status") or {})
         elif rt is EVENTS_V1:
             decode_micro_times(obj)
             errors = validate_event_update(old, obj)
+        elif rt is DEVICE_CLASSES:
+            errors = validate_device_class(obj)
         if errors:
             raise invalid(rt, name, errors)
         meta["resourceVersion"] = old_meta["resourceVersion"]

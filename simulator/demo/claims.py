@@ -127,6 +127,7 @@ def _edits(edits: Mapping[str, Any]) -> str:
     hooks = edits.get("hooks") or ()
     if hooks:
         parts.append(f"{len(hooks)} hook(s)")
+    parts += [f"interface {n['hostInterfaceName']} as {n['name']}" for n in edits.get("netDevices") or ()]
     return ", ".join(parts) or "-"
 
 

@@ -19,15 +19,18 @@ from typing import Any
 
 from simulator.demo.claims import device_classes
 from simulator.demo.cluster import DemoCluster, DemoError
+from simulator.demo.extended import extended_gpu
 from simulator.demo.health import HEALTH_CONFIG, gpu_failure
 from simulator.demo.reconfig import MIG_CONFIG, dgx_h100_in_mig_mode, dynamic_mig, vfio
 from simulator.demo.scenarios import GKE_NODES, aligned_nic, all_gpus, readiness, tour
 from simulator.demo.story import Story
+from simulator.demo.workload import SHARED_CONFIG, gpu_shares, vf_interface
 from simulator.kubelet_connection import KubeletError
 from simulator.scheduler.allocation import Unallocatable
 
 DEFAULT_PROFILE = "dgx-h100"
 MIG_NODE = "dgx-h100-mig"
+SHARED_NODE = "dgx-h100-shared"
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,15 @@ SCENARIOS: dict[str, Scenario] = {
     "health": Scenario("A GPU fails during a running claim", _main,
                        lambda c, s, p: gpu_failure(c, s, p.main_node.name)),
     "tour": Scenario("One device of every driver", _main, lambda c, s, p: tour(c, s, p.main_node.name)),
+    "extended-gpu": Scenario("A pod that asks nvidia.com/gpu: 1", _main,
+                             lambda c, s, p: extended_gpu(c, s, p.main_node.name)),
+    "gpu-shares": Scenario("Two pods share one GPU by memory",
+                           lambda p: [NodeSpec(SHARED_NODE, "dgx-h100", SHARED_CONFIG)],
+                           lambda c, s, p: gpu_shares(c, s, SHARED_NODE)),
+    "vf-interface": Scenario("A VF's interface named net1 in the pod", _main,
+                             lambda c, s, p: vf_interface(c, s, p.main_node.name)),
 }
-SEEDS = ("readiness", "all-gpus", "aligned-nic", "mig", "vfio", "health")
+SEEDS = ("readiness", "all-gpus", "aligned-nic", "mig", "vfio", "health", "extended-gpu", "gpu-shares", "vf-interface")
 
 INTRO = ("Kubernetes Dynamic Resource Allocation in a few words: a node agent publishes its devices as "
          "ResourceSlices; a DeviceClass names a kind of device; a pod's ResourceClaim asks for devices of "

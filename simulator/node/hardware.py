@@ -13,6 +13,7 @@ from pathlib import Path
 from simulator.node.catalog import GPU_MODELS
 from simulator.node.driver_install import driver_root, install_driver, refresh_nvml_library
 from simulator.node.layout import NodePlan, plan_node
+from simulator.node.procfs import write_host_net
 from simulator.node.profile import NodeProfile, ProfileError
 from simulator.node.sysfs_tree import write_tree
 from simulator.nvml.api import SimGpu, SimulatedNvml
@@ -65,6 +66,7 @@ class SimulatedNode:
         """Lay the profile out under `root`: sysfs and /dev trees, the driver's files, a new boot."""
         plan = plan_node(profile)
         write_tree(plan, root / "sys", root / "dev")
+        write_host_net(root)
         node = cls(profile, plan, root)
         node.reboot()
         node.nvml  # noqa: B018 - made now, so that a profile whose MIG instances do not fit is refused here

@@ -7,16 +7,22 @@ on; a selector this CEL environment cannot compile raises :class:`simulator.sche
 
 Supported: ``exactly`` (ExactCount, All) and ``firstAvailable`` requests, class and request CEL selectors,
 ``matchAttribute`` and ``distinctAttribute`` constraints, shared counters, device taints and request tolerations,
-``adminAccess``, class and claim configuration, node-local, node-selector and all-nodes slices.
+``adminAccess``, class and claim configuration, node-local, node-selector and all-nodes slices, consumable
+capacity (``exactly.capacity.requests`` on devices with ``allowMultipleAllocations``: results carry a fresh
+``shareID`` and the ``consumedCapacity``, see :mod:`simulator.scheduler.capacity`).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, ClassVar
 
+from agent.kube.quantity import parse_quantity
+from simulator.scheduler.capacity import consumption, is_shareable, quantity_text, whole_device_fits
 from simulator.scheduler.cel import CelError, Selector, compile_selector, device_value
 from simulator.scheduler.explain import Funnel, diagnose, explain
 from simulator.scheduler.pools import Candidate, Inventory, JsonObject, gather, usage
@@ -42,6 +48,8 @@ class DeviceResult:
     pool: str
     device: str
     admin_access: bool = False
+    share_id: str | None = None  # a share of a shareable device
+    consumed: Mapping[str, str] = field(default_factory=dict)  # its consumedCapacity, as written
 
 
 @dataclass
@@ -87,8 +95,17 @@ def _choice(request: str, parent: str, spec: Mapping[str, Any], admin_allowed: b
         problems.append(f"{where}: count must be a positive integer, not {count!r}")
     if not spec.get("deviceClassName"):
         problems.append(f"{where}: deviceClassName is required")
-    if spec.get("capacity"):
-        problems.append(f"{where}: capacity requests (consumable capacity) are not supported by this allocator")
+    capacity: dict[str, Fraction] = {}
+    raw_capacity = spec.get("capacity")
+    if raw_capacity is not None:
+        wanted = raw_capacity.get("requests") if isinstance(raw_capacity, Mapping) else None
+        if not isinstance(wanted, Mapping):
+            problems.append(f"{where}: capacity must be {{requests: {{<name>: <quantity>}}}}")
+        for name, amount in (wanted or {}).items():
+            try:
+                capacity[str(name)] = parse_quantity(str(amount))
+            except ValueError as e:
+                problems.append(f"{where}: capacity request {name}: {e}")
     if spec.get("adminAccess") and not admin_allowed:
         problems.append(f"{where}: adminAccess is not allowed in a sub-request")
     selectors = []
@@ -99,7 +116,8 @@ def _choice(request: str, parent: str, spec: Mapping[str, Any], admin_allowed: b
         else:
             selectors.append(str(expression))
     return Choice(request, parent, str(spec.get("deviceClassName", "")), mode, count if isinstance(count, int) else 1,
-                  bool(spec.get("adminAccess")), tuple(spec.get("tolerations") or ()), tuple(selectors))  # fmt: skip
+                  bool(spec.get("adminAccess")), tuple(spec.get("tolerations") or ()), tuple(selectors),
+                  capacity=capacity)  # fmt: skip
 
 
 def _read_claim(claim: JsonObject) -> tuple[list[list[Choice]], list[Constraint]]:
@@ -202,12 +220,33 @@ def _match(choice: Choice, classes: Mapping[str, JsonObject], inventory: Invento
     for expression in choice.selectors:
         devices = _filter(devices, compile_selector(expression), matcher, funnel)
         funnel.selectors.append((expression, len(devices)))
+    devices = _with_capacity(choice, devices, funnel)
     choice.candidates = devices
     for device in devices:
         taint = _refusing_taint(device, choice.tolerations)
         if taint:
             choice.untolerated[device.key] = taint
     return funnel
+
+
+def _with_capacity(choice: Choice, devices: list[Candidate], funnel: Funnel) -> list[Candidate]:
+    """The devices that can serve the choice's capacity request at all, each shareable one with what its share
+    would take; the others go into the funnel with the reason."""
+    kept = []
+    for device in devices:
+        if is_shareable(device.device) and not choice.admin:
+            share = consumption(choice.capacity, device.device)
+            if isinstance(share, str):
+                funnel.capacity[device.name] = share
+                continue
+            choice.shares[device.key] = share
+        elif choice.capacity and (problem := whole_device_fits(choice.capacity, device.device)) is not None:
+            funnel.capacity[device.name] = problem
+            continue
+        kept.append(device)
+    if choice.capacity:
+        funnel.selectors.append(("capacity requests", len(kept)))
+    return kept
 
 
 # --- the result -------------------------------------------------------------------------------------------
@@ -239,6 +278,9 @@ def _status(claim: JsonObject, requests: Sequence[Sequence[Choice]], classes: Ma
             entry["adminAccess"] = True
         if pick.choice.tolerations:
             entry["tolerations"] = [dict(t) for t in pick.choice.tolerations]
+        if pick.consumed is not None:
+            entry["shareID"] = str(uuid.uuid4())
+            entry["consumedCapacity"] = {name: quantity_text(amount) for name, amount in sorted(pick.consumed.items())}
         results.append(entry)
     chosen = [next((p.choice for p in picks if p.choice in choices), None) for choices in requests]
     config: list[dict[str, Any]] = []
@@ -292,14 +334,17 @@ def allocate(
     held = usage(allocated, inventory, skip=(str(meta.get("namespace", "default")), str(meta.get("name"))))
     matcher = _Matcher()
     funnels = {c.request: _match(c, by_name, inventory, matcher) for cs in requests for c in cs}
-    search = Search(requests, constraints, held.holders, held.left(inventory), max_steps=max_steps)
+    search = Search(requests, constraints, held.holders, held.left(inventory), held.capacity_left(inventory),
+                    max_steps=max_steps)
     try:
         picks = search.run()
     except TooManyCombinations as e:
         raise Unallocatable([f"too many combinations: {e}; narrow the selectors or constraints"]) from None
     if picks is None:
         raise Unallocatable(diagnose(requests, funnels, constraints, inventory, held, search.steps))
-    results = [DeviceResult(p.choice.request, p.device.driver, p.device.pool, p.device.name, p.choice.admin)
-               for p in picks]  # fmt: skip
-    return Allocation(node_name, results, _status(claim, requests, by_name, picks),
+    status = _status(claim, requests, by_name, picks)
+    results = [DeviceResult(r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess")),
+                            r.get("shareID"), dict(r.get("consumedCapacity") or {}))
+               for r in status["devices"]["results"]]  # fmt: skip
+    return Allocation(node_name, results, status,
                       explain(requests, funnels, constraints, inventory, held, picks))  # fmt: skip

@@ -34,7 +34,8 @@ def _claim_path(namespace: str, name: str) -> str:
 def _existing(claim: Mapping[str, Any], node: str) -> Allocation:
     """The allocation a claim already has, as an :class:`Allocation` (it is kept, not redone)."""
     status = dict((claim.get("status") or {}).get("allocation") or {})
-    results = [DeviceResult(r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess")))
+    results = [DeviceResult(r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess")),
+                            r.get("shareID"), dict(r.get("consumedCapacity") or {}))
                for r in (status.get("devices") or {}).get("results") or ()]  # fmt: skip
     return Allocation(node, results, status, ["already allocated: the existing allocation is kept"])
 
@@ -60,6 +61,10 @@ class Allocator:
         if self._kube is None:
             self._kube = await KubeClient.connect(self._kubeconfig)
         return self._kube
+
+    async def client(self) -> KubeClient:
+        """The connection this allocator writes through (opened now if it is not yet)."""
+        return await self._client()
 
     async def close(self) -> None:
         """Close the connection if this allocator opened it."""

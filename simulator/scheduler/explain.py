@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.kube.quantity import format_quantity
-from simulator.scheduler.pools import Candidate, Inventory, SetKey, Usage
+from simulator.scheduler.pools import Candidate, DeviceKey, Inventory, SetKey, Usage
 from simulator.scheduler.search import MAX_RESULTS, Choice, Constraint, Pick
 
 __all__ = ["Funnel", "diagnose", "explain"]
@@ -27,6 +27,7 @@ class Funnel:
     by_class: int = 0
     selectors: list[tuple[str, int]] = field(default_factory=list)  # request selector, devices left after it
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)  # expression -> (devices, first error)
+    capacity: dict[str, str] = field(default_factory=dict)  # device -> why it cannot serve the capacity request
 
 
 def _names(items: Iterable[str], limit: int = 4) -> str:
@@ -63,11 +64,22 @@ class _Standing:
     tainted: dict[str, str] = field(default_factory=dict)  # device -> taint
     short: dict[SetKey, set[str]] = field(default_factory=dict)  # counter set -> counters a candidate lacks
     short_devices: list[str] = field(default_factory=list)
+    full: dict[str, str] = field(default_factory=dict)  # shareable device -> what its shares leave
 
 
-def _standing(choice: Choice, usage: Usage, left: Mapping[SetKey, Mapping[str, Fraction]]) -> _Standing:
+def _standing(choice: Choice, usage: Usage, left: Mapping[SetKey, Mapping[str, Fraction]],
+              capacity_left: Mapping[DeviceKey, Mapping[str, Fraction]] | None = None) -> _Standing:
     standing = _Standing()
     for device in choice.candidates:
+        share = None if choice.admin else choice.shares.get(device.key)
+        room = (capacity_left or {}).get(device.key, {})
+        if share is not None and device.key not in usage.holders and any(
+                a > room.get(n, Fraction(0)) for n, a in share.items()):
+            over = sorted(n for n, a in share.items() if a > room.get(n, Fraction(0)))
+            standing.full[device.name] = ", ".join(
+                f"{n} {_amount(share[n])} asked, {_amount(room.get(n, Fraction(0)))} left" for n in over
+            ) + f" (shared by {_names(usage.sharers.get(device.key, []))})"
+            continue
         if device.key in choice.untolerated:
             standing.tainted[device.name] = choice.untolerated[device.key]
             continue
@@ -104,7 +116,11 @@ def _shortfall(choice: Choice, funnel: Funnel, standing: _Standing, usage: Usage
         last, kept = funnel.by_class, f"{funnel.by_class} devices of class {choice.class_name}"
         reasons = [f"{label}: needs {wanted}; {kept} on node {node}"]
         for expression, left in funnel.selectors:
-            reasons[0] += f", {left} of {last} match selector {expression!r}"
+            if expression == "capacity requests":
+                why = _names(f"{d} {problem}" for d, problem in funnel.capacity.items())
+                reasons[0] += f", {left} of {last} can serve its capacity requests ({why})"
+            else:
+                reasons[0] += f", {left} of {last} match selector {expression!r}"
             last = left
     else:
         parts = []
@@ -116,6 +132,9 @@ def _shortfall(choice: Choice, funnel: Funnel, standing: _Standing, usage: Usage
             parts.append(f"{len(standing.tainted)} tainted and not tolerated: {taints}")
         if standing.short_devices:
             parts.append(f"{len(standing.short_devices)} without the counters they need")
+        if standing.full:
+            full = _names(f"{d}: {why}" for d, why in standing.full.items())
+            parts.append(f"{len(standing.full)} without enough capacity left: {full}")
         reasons = [f"{label}: needs {wanted}; {n} match its class and selectors, "
                    f"{len(standing.available)} available ({'; '.join(parts)})"]  # fmt: skip
     for set_key, counters in sorted(standing.short.items()):
@@ -164,13 +183,13 @@ def _constraint_reason(constraint: Constraint, scope: Sequence[tuple[Choice, _St
 def diagnose(requests: Sequence[Sequence[Choice]], funnels: Mapping[str, Funnel], constraints: Sequence[Constraint],
              inventory: Inventory, usage: Usage, steps: int) -> list[str]:  # fmt: skip
     """Reasons, for a new user, why no allocation exists."""
-    left = usage.left(inventory)
+    left, capacity_left = usage.left(inventory), usage.capacity_left(inventory)
     reasons: list[str] = []
     chosen: list[tuple[Choice, _Standing]] = []
     for choices in requests:
         feasible, why = None, []
         for choice in choices:
-            standing = _standing(choice, usage, left)
+            standing = _standing(choice, usage, left, capacity_left)
             problems = _shortfall(choice, funnels[choice.request], standing, usage, inventory.node)
             if choice.mode == "All" and inventory.incomplete:
                 problems.insert(0, f"request {choice.request}: asks for all devices, but a pool is incomplete")
@@ -200,7 +219,7 @@ def explain(requests: Sequence[Sequence[Choice]], funnels: Mapping[str, Funnel],
     for choices in requests:
         mine = [p for p in picks if p.choice in choices]
         choice = mine[0].choice if mine else choices[0]
-        standing = _standing(choice, usage, usage.left(inventory))
+        standing = _standing(choice, usage, usage.left(inventory), usage.capacity_left(inventory))
         text = f"request {choice.request}: "
         if len(choices) > 1:
             place = choices.index(choice) + 1
@@ -211,7 +230,9 @@ def explain(requests: Sequence[Sequence[Choice]], funnels: Mapping[str, Funnel],
             text += "; admin access (devices in use are allowed)"
         else:
             text += f"; {len(standing.available)} available"
-        lines.append(f"{text} -> {', '.join(p.device.name for p in mine) or 'nothing'}")
+        got = [p.device.name + (" (share: " + ", ".join(f"{n} {_amount(a)}" for n, a in sorted(p.consumed.items()))
+                                + ")" if p.consumed is not None else "") for p in mine]
+        lines.append(f"{text} -> {', '.join(got) or 'nothing'}")
     chosen_names = [p.choice.request for p in picks]
     for constraint in constraints:
         under = [p for p in picks if constraint.applies(p.choice)]

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from agent.kube.quantity import parse_quantity
+from simulator.scheduler.capacity import capacities, is_shareable
 
 __all__ = ["Candidate", "Inventory", "Usage", "claim_label", "gather", "node_matches", "usage"]
 
@@ -206,11 +207,20 @@ def claim_label(obj: JsonObject) -> str:
 
 @dataclass
 class Usage:
-    """Devices held by other claims (admin access does not hold) and the counters they draw."""
+    """Devices held by other claims (admin access does not hold), the counters they draw, and the capacity their
+    shares of shareable devices take."""
 
     holders: dict[DeviceKey, list[str]] = field(default_factory=dict)
     consumed: dict[SetKey, dict[str, Fraction]] = field(default_factory=dict)
     consumers: dict[SetKey, list[str]] = field(default_factory=dict)
+    shared: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)  # capacity taken by shares
+    sharers: dict[DeviceKey, list[str]] = field(default_factory=dict)
+
+    def capacity_left(self, inventory: Inventory) -> dict[DeviceKey, dict[str, Fraction]]:
+        """The capacity still free on each shareable device."""
+        return {key: {name: total - self.shared.get(key, {}).get(name, Fraction(0))
+                      for name, total in capacities(candidate.device).items()}
+                for key, candidate in inventory.by_key.items() if is_shareable(candidate.device)}
 
     def left(self, inventory: Inventory) -> dict[SetKey, dict[str, Fraction]]:
         """The counters still free in each set."""
@@ -234,8 +244,14 @@ def usage(allocated: Iterable[JsonObject], inventory: Inventory, skip: tuple[str
             if result.get("adminAccess"):
                 continue
             key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
-            used.holders.setdefault(key, []).append(label)
             candidate = inventory.by_key.get(key)
+            if result.get("shareID") and candidate is not None and is_shareable(candidate.device):
+                taken = used.shared.setdefault(key, {})
+                for name, amount in (result.get("consumedCapacity") or {}).items():
+                    taken[name] = taken.get(name, Fraction(0)) + parse_quantity(str(amount))
+                used.sharers.setdefault(key, []).append(label)
+                continue
+            used.holders.setdefault(key, []).append(label)
             for set_key, amounts in (candidate.drawn if candidate else {}).items():
                 drawn = used.consumed.setdefault(set_key, {})
                 for name, amount in amounts.items():

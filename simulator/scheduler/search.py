@@ -1,6 +1,10 @@
 """The backtracking search for one claim: requests in order, each one's sub-requests in order, devices in
 inventory order, the first full solution wins (as the upstream structured allocator).
 
+A shareable device (``allowMultipleAllocations``) is not taken by a pick: each pick is a share that takes its
+consumption of the device's capacities, and the device stays a candidate while capacity is left (also for another
+request of the same claim).
+
 Within a request, devices are picked in increasing inventory order, so each set of devices is tried once rather
 than in every order. Constraints and counters are checked at every pick, so a dead end is left at once; a step
 budget turns a pathological claim into :class:`TooManyCombinations` instead of a hang.
@@ -34,6 +38,8 @@ class Choice:
     selectors: tuple[str, ...] = ()
     candidates: list[Candidate] = field(default_factory=list)  # on the node and matching every selector
     untolerated: dict[DeviceKey, str] = field(default_factory=dict)  # candidate -> the taint it is refused for
+    capacity: dict[str, Fraction] = field(default_factory=dict)  # exactly.capacity.requests
+    shares: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)  # shareable candidate -> its take
 
     @property
     def needed(self) -> int:
@@ -67,6 +73,7 @@ class TooManyCombinations(Exception):
 class Pick:
     choice: Choice
     device: Candidate
+    consumed: Mapping[str, Fraction] | None = None  # a share of a shareable device: what it takes
 
 
 class Search:
@@ -78,11 +85,14 @@ class Search:
         constraints: Sequence[Constraint],
         held: Mapping[DeviceKey, Any],
         counters_left: Mapping[SetKey, Mapping[str, Fraction]],
+        capacity_left: Mapping[DeviceKey, Mapping[str, Fraction]] | None = None,
         *,
         max_steps: int = 100_000,
     ) -> None:
         self.requests, self.constraints = requests, constraints
         self.held, self.left = held, counters_left
+        self.capacity_left = capacity_left or {}
+        self.taken: dict[DeviceKey, dict[str, Fraction]] = {}  # shares picked so far, per device
         self.max_steps, self.steps = max_steps, 0
         self.picks: list[Pick] = []
         self.drawn: dict[SetKey, dict[str, Fraction]] = {}
@@ -136,6 +146,11 @@ class Search:
             raise TooManyCombinations(self.max_steps)
         if device.key in self._claimed or (not choice.admin and device.key in self.held):
             return False
+        share = None if choice.admin else choice.shares.get(device.key)
+        if share is not None:
+            already, left = self.taken.get(device.key, {}), self.capacity_left.get(device.key, {})
+            if any(already.get(n, Fraction(0)) + a > left.get(n, Fraction(0)) for n, a in share.items()):
+                return False
         drawn = {} if choice.admin else device.drawn  # admin access draws no counters
         for set_key, amounts in drawn.items():
             already, left = self.drawn.get(set_key, {}), self.left.get(set_key, {})
@@ -161,13 +176,22 @@ class Search:
             counters = self.drawn.setdefault(set_key, {})
             for name, amount in amounts.items():
                 counters[name] = counters.get(name, Fraction(0)) + amount
-        self._claimed.add(device.key)
-        self.picks.append(Pick(choice, device))
+        if share is None:
+            self._claimed.add(device.key)
+        else:
+            taken = self.taken.setdefault(device.key, {})
+            for name, amount in share.items():
+                taken[name] = taken.get(name, Fraction(0)) + amount
+        self.picks.append(Pick(choice, device, share))
         return True
 
     def _remove(self, choice: Choice, device: Candidate) -> None:
-        self.picks.pop()
-        self._claimed.discard(device.key)
+        pick = self.picks.pop()
+        if pick.consumed is None:
+            self._claimed.discard(device.key)
+        else:
+            for name, amount in pick.consumed.items():
+                self.taken[device.key][name] -= amount
         for constraint, seen in zip(self.constraints, self._values, strict=True):
             if constraint.applies(choice):
                 seen.pop()
