@@ -19,23 +19,22 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 
+from agent.claims.backend_calls import prepare_on_backends, unprepare_on_backends
 from agent.claims.cdi import cdi_device_id, claim_spec
 from agent.claims.checkpoint import Started
 from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
-from agent.claims.holding import held_elsewhere, with_shares
+from agent.claims.holding import held_elsewhere
 from agent.claims.locks import KeyedLocks
-from agent.claims.plan import Owner, Plan, one_per_uid, plan_claim
+from agent.claims.plan import Plan, one_per_uid, plan_claim
 from agent.claims.read import ClaimError, check_reference, read_allocation
 from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.claims.results import ClaimResult, PreparedDeviceResult
 from backends.capabilities import records_own_changes
-from backends.contract import Allocated, BackendError, ClaimRef, Prepared
+from backends.contract import ClaimRef, Prepared
 from backends.failpoints import failpoint
 
 __all__ = ["Preparer"]
 
-BACKEND_TIMEOUT = 40.0
-"""Seconds a backend may take for one claim: below the kubelet's 45 s deadline, so the claim gets an answer."""
 class Preparer:
     """Prepare/unprepare for one driver on this node (the parts it works with: agent/claims/collaborators.py)."""
 
@@ -157,7 +156,7 @@ class Preparer:
                       for a in allocated)
         started = await self._start(ref, plan, pairs)
         failpoint("prepare-after-started")
-        prepared, error = await self._run_backends(ref, plan)
+        prepared, error = await prepare_on_backends(ref, plan, self.log)
         if error:
             await self._undo(ref, prepared, started)
             return ClaimResult(error=error)
@@ -217,34 +216,6 @@ class Preparer:
         self.log.info("claim known from its CDI spec is prepared again", claim=_name(ref))
         return adopted
 
-    async def _run_backends(self, ref: ClaimRef, plan: Plan) -> tuple[dict[str, list[Prepared]], str]:
-        """Prepare on every owning backend concurrently; what succeeded is returned even when one fails."""
-
-        async def one(owner: Owner, allocated: list[Allocated]) -> list[Prepared] | str:
-            try:
-                async with asyncio.timeout(BACKEND_TIMEOUT):
-                    prepared = list(await owner.backend.prepare(ref, allocated))
-            except TimeoutError:
-                return f"backend {owner.name} did not prepare {_devices(allocated)} within {BACKEND_TIMEOUT:.0f} s"
-            except BackendError as e:
-                return f"{_devices(allocated)}: {e}"
-            except Exception as e:
-                self.log.exception("backend prepare failed", backend=owner.name, claim=_name(ref))
-                return f"backend {owner.name} failed on {_devices(allocated)}: {type(e).__name__}: {e}"
-            prepared = with_shares(allocated, prepared)
-            wanted = {(a.device, a.share_id) for a in allocated}
-            if {(p.device, p.share_id) for p in prepared} != wanted or len(prepared) != len(wanted):
-                return f"backend {owner.name} answered for other devices than {_devices(allocated)}"
-            return prepared
-
-        names = list(plan.per_backend)
-        if len(names) == 1:
-            outcomes = [await one(*plan.per_backend[names[0]])]
-        else:
-            outcomes = await asyncio.gather(*(one(*plan.per_backend[n]) for n in names))
-        done = {n: o for n, o in zip(names, outcomes, strict=True) if not isinstance(o, str)}
-        errors = [o for o in outcomes if isinstance(o, str)]
-        return done, "; ".join(errors)
 
     async def _undo(self, ref: ClaimRef, prepared: Mapping[str, list[Prepared]], started: ClaimRecord) -> None:
         """Undo a prepare that failed part-way; the claim's devices must end up as they were."""
@@ -303,24 +274,9 @@ class Preparer:
     async def release(self, ref: ClaimRef, record: ClaimRecord) -> str:
         """Undo a claim's preparation from its record and forget it; an error message when a backend failed (the
         record is kept, so the next unprepare tries again). The caller holds the claim's locks."""
-        by_backend: dict[str, list[Prepared]] = {}
-        for d in record.devices:
-            by_backend.setdefault(d.backend, []).append(
-                Prepared(device=d.device, edits=d.edits, common_edits=d.common_edits, restore=d.restore,
-                         share_id=d.share_id))
-        for backend, items in by_backend.items():
-            if not backend:
-                continue  # a device of a claim known from its CDI spec alone, no longer on this node
-            owner = self.backends.get(backend)
-            if owner is None:
-                return f"backend {backend}, which prepared {_devices(items)}, is not loaded; load it to unprepare"
-            try:
-                async with asyncio.timeout(BACKEND_TIMEOUT):
-                    await owner.unprepare(ref, items)
-            except TimeoutError:
-                return f"backend {backend} did not unprepare {_devices(items)} within {BACKEND_TIMEOUT:.0f} s"
-            except Exception as e:
-                return f"{_devices(items)}: {e}"
+        error = await unprepare_on_backends(self.backends, ref, record)
+        if error:
+            return error
         failpoint("unprepare-after-backends")
         await asyncio.to_thread(self._forget, record.uid)
         failpoint("unprepare-after-removed")
@@ -384,7 +340,3 @@ class Preparer:
 
 def _name(ref: ClaimRef) -> str:
     return f"{ref.namespace}/{ref.name}:{ref.uid}"
-
-
-def _devices(items: Sequence[Allocated] | Sequence[Prepared]) -> str:
-    return ", ".join(i.device for i in items)
