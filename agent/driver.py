@@ -22,6 +22,7 @@ from agent.claims.checkpoint import Checkpoint, CheckpointError
 from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
 from agent.claims.instances import Instances
 from agent.claims.locks import FileLock
+from agent.claims.metadata_files import MetadataFiles
 from agent.claims.plan import Owner
 from agent.claims.preparer import Preparer
 from agent.claims.reaper import Reaper
@@ -317,6 +318,8 @@ class Driver:
                                     owner_alive=self._setup.instances.alive),
             reporting=Reporting(get_logger("preparer"), self._setup.metrics,
                                 None if events is None else partial(events.prepare_failed, self.name)),
+            metadata=MetadataFiles(self.name, self._setup.node, plugin_dir, settings.cdi_dir,
+                                   enabled=settings.device_metadata),
         )
 
     def _reaped(self, record: ClaimRecord, why: str) -> None:

@@ -88,6 +88,8 @@ def flags_for(settings: Settings) -> list[str]:
             flags += [f"--{name.replace('_', '-')}", str(value)]
     if settings.driver_root:
         flags += ["--driver-root", str(settings.driver_root)]
+    if settings.device_metadata:
+        flags += ["--device-metadata"]
     return flags
 
 
