@@ -22,7 +22,7 @@ from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import KubeletError
-from tests.agent_env import NODE, agent_in_process, allocate, plugin_after_restart, two_agents
+from tests.agent_env import NODE, agent_in_process, allocate, plugin_after_restart, two_agents, wait_until
 from tests.cdi_schema import cdi_schema_errors
 from tests.mig_env import DYNAMIC, dgx_h100_in_mig_mode
 from tests.timing import scaled
@@ -246,3 +246,22 @@ async def test_a_tpu_chip_tells_its_index(scratch: Path) -> None:
         claim = allocate(env.server, "tpu", [("tpu", TPU, name)])
         assert (await plugin.prepare([claim]))[claim.uid].error == ""
         assert attributes_in_file(env.settings, TPU, "tpu", "tpu") == {"index": attributes["index"]}
+
+
+async def test_at_start_a_lost_spec_comes_back_from_its_host_file(scratch: Path) -> None:
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",), device_metadata=True) as run:
+        settings, kubelet = run.settings, run.kubelet
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
+        ref = from_template(run.server, "launcher-x2k4p-gpu-7c9f", "gpu", "vm-gpu")
+        await plugin.prepare_or_raise([ref])
+        spec = spec_file(settings, ref.uid, "vm-gpu")
+        written = spec.read_text()
+        await run.first.stop()  # killed, as a node's agent pod is
+        spec.unlink()  # and the CDI tmpfs emptied meanwhile
+
+        await run.second.start()
+        await wait_until(spec.exists, timeout=scaled(30))
+        assert json.loads(spec.read_text()) == json.loads(written), "the template's path too"
+        plugin = await plugin_after_restart(kubelet, plugin)
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert leftovers(settings, ref.uid) == []
