@@ -245,3 +245,40 @@ def test_the_setting_is_off_by_default_and_comes_from_the_flag_environment_or_fi
                          config).device_metadata is False, "the flag wins"
     with pytest.raises(SettingsError, match="device_metadata = 'sometimes' \\(from environment"):
         load_settings({}, {"DRA_AGENT_DEVICE_METADATA": "sometimes"})
+
+
+def test_at_start_files_of_unknown_claims_and_crash_leftovers_go_and_the_rest_stays(tmp_path: Path) -> None:
+    plugin, cdi = tmp_path / "plugin", tmp_path / "cdi"
+    files = MetadataFiles(DRIVER, "node-a", plugin, cdi, enabled=True)
+    known, unknown = UID, "11111111-2222-4333-8444-555555555555"
+    for name, uid in (("known", known), ("unknown", unknown)):
+        _, claim, wanted = files.prepared(allocation(name=name, uid=uid), [record("gpu-0")])
+        files.write(claim, wanted)
+    root = plugin / "dra-device-metadata"
+    temp = root / "team-a_known/gpu/.metadata.json.x1y2.tmp"
+    temp.write_text("{")
+    strange = root / "team-a_strange/gpu/metadata.json"  # tells no claim: left alone
+    strange.parent.mkdir(parents=True)
+    strange.write_text("not json")
+    assert files.sweep({known}) == [unknown]
+    assert sorted(p.name for p in root.iterdir()) == ["team-a_known", "team-a_strange"]
+    assert not temp.exists() and (root / "team-a_known/gpu/metadata.json").exists()
+    assert [p.name for p in cdi.iterdir()] == [f"{DRIVER}_metadata_{known}_gpu.json"]
+    assert files.sweep({known}) == []
+
+
+def test_a_claim_known_from_its_spec_alone_keeps_only_the_files_written_for_it(tmp_path: Path) -> None:
+    files = MetadataFiles(DRIVER, "node-a", tmp_path / "plugin", tmp_path / "cdi", enabled=True)
+    two = ClaimAllocation(ClaimRef(UID, "team-a", "vm-gpu"), (DeviceAllocation("gpu", DRIVER, "node-a", "gpu-0"),
+                                                             DeviceAllocation("nic", DRIVER, "node-a", "gpu-1")), ())
+    plain = [DeviceRecord("gpu-0", "nvidia-gpu"), DeviceRecord("gpu-1", "nvidia-gpu")]  # the facts are lost
+    assert files.readopted(two, plain) == tuple(plain), "no file there: no metadata ID"
+    _, claim, wanted = files.prepared(two, [record("gpu-0", uuid="GPU-1"), record("gpu-1")])
+    files.write(claim, wanted[:1])  # only the first request's file survived
+    readopted = files.readopted(two, plain)
+    assert [r.cdi_ids for r in readopted] == [(f"{DRIVER}/metadata={UID}_gpu",), ()]
+    # The kubelet's next prepare re-creates the lost spec and keeps the file with the facts.
+    (tmp_path / "cdi" / f"{DRIVER}_metadata_{UID}_gpu.json").unlink()
+    assert files.ensure(completed(readopted), two) == ["gpu"]
+    host = tmp_path / "plugin/dra-device-metadata/team-a_vm-gpu/gpu/metadata.json"
+    assert host.read_bytes() == wanted[0].content

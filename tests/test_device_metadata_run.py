@@ -52,12 +52,11 @@ def spec_file(settings: Settings, uid: str, request: str) -> Path:
     return settings.cdi_dir / f"{GPU}_metadata_{uid}_{request}.json"
 
 
-def leftovers(settings: Settings, uid: str) -> list[str]:
-    """Every metadata file or spec that names the claim, and the metadata folders that are not empty."""
-    found = [p.name for p in settings.cdi_dir.glob(f"{GPU}_metadata_{uid}_*")]
-    root = settings.plugins_dir / GPU / "dra-device-metadata"
-    found += [str(p) for p in root.rglob("*")] if root.exists() else []
-    return found
+def leftovers(settings: Settings, ref: ClaimRef) -> list[str]:
+    """The claim's metadata specs and its host folder, if any is left."""
+    found = [p.name for p in settings.cdi_dir.glob(f"{GPU}_metadata_{ref.uid}_*")]
+    folder = settings.plugins_dir / GPU / "dra-device-metadata" / f"{ref.namespace}_{ref.name}"
+    return [*found, *([str(folder)] if folder.exists() else [])]
 
 
 def from_template(server: TestApiServer, name: str, pod_claim_name: str, request: str) -> ClaimRef:
@@ -118,7 +117,7 @@ async def test_a_vm_finds_its_gpus_pci_address_in_the_mounted_file(scratch: Path
         assert json.loads(spec_file(settings, claim.uid, "dev").read_text()) == spec
 
         assert await plugin.unprepare([claim]) == {claim.uid: ""}
-        assert leftovers(settings, claim.uid) == []
+        assert leftovers(settings, claim) == []
         assert driver_of(settings, GPU_BDF) == "nvidia"
 
         # A claim from a template: the pod finds it under its own name for the claim.
@@ -129,13 +128,13 @@ async def test_a_vm_finds_its_gpus_pci_address_in_the_mounted_file(scratch: Path
                                                        f"{GPU}-metadata.json")
         assert decode_stream(host_file(settings, "default", made.name, "vm-gpu").read_bytes())["podClaimName"] == "gpu"
         assert await plugin.unprepare([made]) == {made.uid: ""}
-        assert leftovers(settings, made.uid) == []
+        assert leftovers(settings, made) == []
 
         # A pod claim name no API server would write fails the claim, and the GPU goes back.
         hostile = from_template(env.server, "hostile", "../../etc", "dev")
         error = (await plugin.prepare([hostile]))[hostile.uid].error
         assert "is not a pod claim name" in error
-        assert leftovers(settings, hostile.uid) == []
+        assert leftovers(settings, hostile) == []
         assert driver_of(settings, GPU_BDF) == "nvidia"
 
 
@@ -152,7 +151,7 @@ async def test_a_kubelet_calling_v1beta1_is_refused_per_claim_and_nothing_is_lef
             assert "setting device_metadata" in results[ref.uid].error
             assert "this kubelet called v1beta1" in results[ref.uid].error
             assert results[ref.uid].devices == ()
-            assert leftovers(settings, ref.uid) == []
+            assert leftovers(settings, ref) == []
             assert not list(settings.cdi_dir.glob(f"*{ref.uid}*"))
         assert driver_of(settings, GPU_BDF) == "nvidia"
         journal = settings.state_dir / GPU / "checkpoint.journal"
@@ -167,7 +166,7 @@ async def test_with_the_setting_off_no_file_is_written_and_v1beta1_is_served(scr
         result = (await plugin.prepare([vm]))[vm.uid]
         assert result.error == ""
         assert not any("/metadata=" in i for d in result.devices for i in d.cdi_device_ids)
-        assert leftovers(env.settings, vm.uid) == []
+        assert leftovers(env.settings, vm) == []
         assert await plugin.unprepare([vm]) == {vm.uid: ""}
 
 
@@ -188,14 +187,14 @@ async def test_a_crash_after_the_files_are_written_leaves_nothing_after_restart_
         await run.second.start()
         plugin = await plugin_after_restart(kubelet, plugin)
         assert await plugin.unprepare([ref]) == {ref.uid: ""}
-        assert leftovers(settings, ref.uid) == []
+        assert leftovers(settings, ref) == []
         assert driver_of(settings, GPU_BDF) == "nvidia"
         # The kubelet may still ask again: the claim is prepared afresh, files and all.
         result = await plugin.prepare_or_raise([ref])
         assert result[ref.uid].devices[0].cdi_device_ids[-1] == f"{GPU}/metadata={ref.uid}_dev"
         assert host_file(settings, "default", "vm", "dev").exists()
         assert await plugin.unprepare([ref]) == {ref.uid: ""}
-        assert leftovers(settings, ref.uid) == []
+        assert leftovers(settings, ref) == []
 
 
 def attributes_in_file(settings: Settings, driver: str, name: str, request: str) -> dict[str, Any]:
@@ -264,4 +263,31 @@ async def test_at_start_a_lost_spec_comes_back_from_its_host_file(scratch: Path)
         assert json.loads(spec.read_text()) == json.loads(written), "the template's path too"
         plugin = await plugin_after_restart(kubelet, plugin)
         assert await plugin.unprepare([ref]) == {ref.uid: ""}
-        assert leftovers(settings, ref.uid) == []
+        assert leftovers(settings, ref) == []
+
+
+async def test_a_lost_journal_keeps_the_files_of_claims_known_from_their_spec_and_sweeps_the_rest(
+        scratch: Path) -> None:
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",), device_metadata=True) as run:
+        settings, kubelet = run.settings, run.kubelet
+        plugin = await kubelet.wait_for_plugin(GPU, timeout=scaled(30))
+        await wait_until(lambda: len(published(run.server, GPU)) >= 2)
+        first, second = sorted(published(run.server, GPU))[:2]
+        kept = allocate(run.server, "kept", [("gpu", GPU, first)])
+        gone = allocate(run.server, "gone", [("gpu", GPU, second)])
+        answer = (await plugin.prepare_or_raise([kept]))[kept.uid]
+        await plugin.prepare_or_raise([gone])
+        kept_file = host_file(settings, "default", "kept", "gpu").read_bytes()
+        await run.first.stop()
+        (settings.state_dir / GPU / "checkpoint.journal").unlink()  # every record lost, the CDI specs not
+        (settings.cdi_dir / f"k8s.{GPU}-claim_{gone.uid}.json").unlink()  # of this claim nothing says it was prepared
+
+        await run.second.start()
+        plugin = await plugin_after_restart(kubelet, plugin)
+        await wait_until(lambda: leftovers(settings, gone) == [], timeout=scaled(30))
+        assert host_file(settings, "default", "kept", "gpu").read_bytes() == kept_file
+        again = (await plugin.prepare_or_raise([kept]))[kept.uid]
+        assert again == answer, "the same answer, the metadata spec included"
+        assert host_file(settings, "default", "kept", "gpu").read_bytes() == kept_file, "the facts are kept"
+        assert await plugin.unprepare([kept]) == {kept.uid: ""}
+        assert leftovers(settings, kept) == []

@@ -12,7 +12,8 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from agent.claims.metadata import (
@@ -113,14 +114,28 @@ class MetadataFiles:
             raise MetadataError(f"cannot write the device metadata: {e}") from None
 
     def write_missing(self, claim: ClaimIdentity, files: Sequence[RequestFile]) -> list[str]:
-        """Write the files and specs that are gone (a wiped plugin folder, the CDI tmpfs emptied); the requests whose
-        files were re-created."""
+        """Write the files and specs that are gone (a wiped plugin folder, the CDI tmpfs emptied), leaving those that
+        are there as they are; the requests whose files were re-created."""
         store = self._specs()
-        lost = [f for f in files if not (self.plugin_dir / f.relative_path).exists()
-                or not store.exists(transient_id(claim.uid, f.request))]
-        if lost:
-            self.write(claim, lost)
-        return [f.request for f in lost]
+        restored = []
+        for f in files:
+            host, identifier = self.plugin_dir / f.relative_path, transient_id(claim.uid, f.request)
+            if not host.exists():
+                _write_atomically(host, f.content)
+                restored.append(f.request)
+            if not store.exists(identifier):
+                store.write(identifier, f.spec)
+                restored.append(f.request)
+        return list(dict.fromkeys(restored))
+
+    def readopted(self, allocation: ClaimAllocation, records: Sequence[DeviceRecord]) -> tuple[DeviceRecord, ...]:
+        """The records of a claim known from its CDI spec alone (its journal records lost, the devices' facts with
+        them), with the metadata CDI IDs of the requests whose host file, written for this claim, is still there:
+        those files are kept; no file is written again without the facts."""
+        with_ids, claim, files = self.prepared(allocation, records)
+        kept = {f.cdi_id for f in files if self._written_for(self.plugin_dir / f.relative_path) == claim.uid}
+        return tuple(replace(r, cdi_ids=tuple(i for i in r.cdi_ids if not is_metadata_id(self.driver, i) or i in kept))
+                     for r in with_ids)
 
     def restore_specs(self, uid: str, namespace: str, name: str, requests: Sequence[str]) -> list[str]:
         """Re-create the lost CDI specs of a claim from its host files (all a restart has without the claim); the
@@ -158,6 +173,25 @@ class MetadataFiles:
         folders = [self.plugin_dir / claim_directory(namespace, name)] if name else self._folders()
         for folder in folders:
             self._remove_claim_folder(folder, uid)
+
+    def sweep(self, keep: Collection[str]) -> list[str]:
+        """At start: remove the specs and host files of claims whose UID is not in `keep` (the checkpoint's claims),
+        and temporary files a crash left; the UIDs whose files were removed. A file that does not tell its claim is
+        left alone."""
+        store = self._specs()
+        removed = {i.partition("_")[0] for i in store.list_ids() if i.partition("_")[0] not in keep}
+        store.sweep([i for i in store.list_ids() if i.partition("_")[0] in keep])
+        for folder in self._folders():
+            for request in [e for e in folder.iterdir() if e.is_dir()]:
+                for temp in request.glob(f".{FILE}.*.tmp"):
+                    temp.unlink(missing_ok=True)
+                uid = self._written_for(request / FILE)
+                if uid is not None and uid not in keep:
+                    shutil.rmtree(request)
+                    removed.add(uid)
+            with contextlib.suppress(OSError):  # not empty: files of claims kept
+                folder.rmdir()
+        return sorted(removed)
 
     def _remove_claim_folder(self, folder: Path, uid: str) -> None:
         try:

@@ -64,7 +64,7 @@ class Preparer:
         self._on_failure = reporting.on_failure  # told of every claim not prepared, with the error (never blocks)
         self._on_prepared = reporting.on_prepared  # told of every claim answered as prepared (never blocks)
         self._on_released = reporting.on_released  # told of every claim unprepared, rolled back or reaped
-        self._metadata = metadata  # device metadata files (KEP-5304); None: none are written or removed
+        self.metadata = metadata  # device metadata files (KEP-5304); None: none are written or removed
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ class Preparer:
 
     def _unsupported(self, kubelet_api: str) -> str:
         """Why no claim of a call through this kubelet API version is prepared, or empty."""
-        if self._metadata is not None and self._metadata.enabled and kubelet_api != "v1":
+        if self.metadata is not None and self.metadata.enabled and kubelet_api != "v1":
             return (f"device metadata (setting device_metadata) needs a kubelet that calls DRA API v1 (Kubernetes "
                     f"1.34 or later); this kubelet called {kubelet_api}: upgrade the kubelet or turn the setting off")
         return ""
@@ -218,9 +218,9 @@ class Preparer:
         """Write the device metadata files and the claim's CDI spec, then record it completed (one worker-thread hop
         for all: on a machine with few CPUs, two hops at once cost more than the one spends waiting for the disk).
         A crash before `completed` leaves a `started` record, whose roll-back removes the metadata files too."""
-        if self._metadata is not None and self._metadata.enabled:
-            records, claim, files = self._metadata.prepared(allocation, records)  # their CDI IDs go into the records
-            self._metadata.write(claim, files)
+        if self.metadata is not None and self.metadata.enabled:
+            records, claim, files = self.metadata.prepared(allocation, records)  # their CDI IDs go into the records
+            self.metadata.write(claim, files)
             failpoint("prepare-after-metadata")
         self.store.write(started.uid, claim_spec(self.driver, started.uid, records))
         failpoint("prepare-after-cdi")
@@ -231,6 +231,8 @@ class Preparer:
         back from the claim the kubelet asks for again."""
         devices = tuple(replace(d, requests=plan.requests[(d.device, d.share_id)], admin_access=d.device in plan.admin)
                         for d in record.devices)
+        if self.metadata is not None:
+            devices = await asyncio.to_thread(self.metadata.readopted, plan.allocation, devices)
         adopted = replace(record, namespace=ref.namespace, name=ref.name, devices=devices, recovered=False)
         await asyncio.to_thread(self.checkpoint.record, adopted)
         self.log.info("claim known from its CDI spec is prepared again", claim=_name(ref))
@@ -255,8 +257,8 @@ class Preparer:
     def _drop(self, started: ClaimRecord) -> None:
         """The end of `_undo`: the claim's metadata files and CDI spec, then its `started` record (one worker-thread
         hop)."""
-        if self._metadata is not None:
-            self._metadata.release(started)
+        if self.metadata is not None:
+            self.metadata.release(started)
         self.store.delete(started.uid)
         self.checkpoint.remove(started.uid)
 
@@ -277,10 +279,10 @@ class Preparer:
         if not await asyncio.to_thread(self.store.exists, record.uid):
             await asyncio.to_thread(self.store.write, record.uid, claim_spec(self.driver, record.uid, record.devices))
             self.log.info("re-created CDI spec", claim=claim)
-        if self._metadata is None:
+        if self.metadata is None:
             return ""
         try:
-            restored = await asyncio.to_thread(self._metadata.ensure, record, allocation)
+            restored = await asyncio.to_thread(self.metadata.ensure, record, allocation)
         except MetadataError as e:
             self.log.error("cannot re-create device metadata", claim=claim, error=str(e))
             return str(e)
@@ -314,9 +316,9 @@ class Preparer:
     async def release(self, ref: ClaimRef, record: ClaimRecord) -> str:
         """Undo a claim's preparation from its record and forget it; an error message when a backend failed (the
         record is kept, so the next unprepare tries again). The caller holds the claim's locks."""
-        if self._metadata is not None:
+        if self.metadata is not None:
             try:
-                await asyncio.to_thread(self._metadata.release, record)
+                await asyncio.to_thread(self.metadata.release, record)
             except (OSError, MetadataError) as e:
                 return f"cannot remove the device metadata of claim {_name(ref)}: {e}"
         error = await unprepare_on_backends(self.backends, ref, record)
