@@ -262,6 +262,16 @@ def lose_claims(settings: Settings, driver: str) -> None:
         spec.unlink()
 
 
+def metadata_file(settings: Settings, driver: str, namespace: str, claim: str, request: str) -> Path:
+    """Where an agent with `device_metadata` on writes a claim request's device metadata file on the host."""
+    return settings.plugins_dir / driver / "dra-device-metadata" / f"{namespace}_{claim}" / request / "metadata.json"
+
+
+def metadata_spec(settings: Settings, driver: str, claim_uid: str, request: str) -> Path:
+    """The CDI spec that mounts a claim request's device metadata file into its containers."""
+    return settings.cdi_dir / f"{driver}_metadata_{claim_uid}_{request}.json"
+
+
 def journal_entries(path: Path) -> dict[str, Any]:
     """A backend journal (backends/journal.py) replayed read-only, as a test looks at it: key → entry."""
     entries: dict[str, Any] = {}

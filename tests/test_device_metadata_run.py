@@ -22,7 +22,16 @@ from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import KubeletError
-from tests.agent_env import NODE, agent_in_process, allocate, plugin_after_restart, two_agents, wait_until
+from tests.agent_env import (
+    NODE,
+    agent_in_process,
+    allocate,
+    metadata_file,
+    metadata_spec,
+    plugin_after_restart,
+    two_agents,
+    wait_until,
+)
 from tests.cdi_schema import cdi_schema_errors
 from tests.mig_env import DYNAMIC, dgx_h100_in_mig_mode
 from tests.timing import scaled
@@ -45,11 +54,11 @@ def driver_of(settings: Settings, bus_id: str) -> str | None:
 
 
 def host_file(settings: Settings, namespace: str, name: str, request: str) -> Path:
-    return settings.plugins_dir / GPU / "dra-device-metadata" / f"{namespace}_{name}" / request / "metadata.json"
+    return metadata_file(settings, GPU, namespace, name, request)
 
 
 def spec_file(settings: Settings, uid: str, request: str) -> Path:
-    return settings.cdi_dir / f"{GPU}_metadata_{uid}_{request}.json"
+    return metadata_spec(settings, GPU, uid, request)
 
 
 def leftovers(settings: Settings, ref: ClaimRef) -> list[str]:
@@ -198,7 +207,7 @@ async def test_a_crash_after_the_files_are_written_leaves_nothing_after_restart_
 
 
 def attributes_in_file(settings: Settings, driver: str, name: str, request: str) -> dict[str, Any]:
-    path = settings.plugins_dir / driver / "dra-device-metadata" / f"default_{name}" / request / "metadata.json"
+    path = metadata_file(settings, driver, "default", name, request)
     (device,) = decode_stream(path.read_bytes())["requests"][0]["devices"]
     attributes: dict[str, Any] = device["attributes"]
     return attributes
