@@ -282,3 +282,9 @@ def test_a_claim_known_from_its_spec_alone_keeps_only_the_files_written_for_it(t
     assert files.ensure(completed(readopted), two) == ["gpu"]
     host = tmp_path / "plugin/dra-device-metadata/team-a_vm-gpu/gpu/metadata.json"
     assert host.read_bytes() == wanted[0].content
+
+
+@pytest.mark.parametrize("request_name", ["../../../etc", "gpu/../x", "GPU", "a/b/c", ""])
+def test_a_request_name_no_api_server_allows_names_no_file(request_name: str) -> None:
+    with pytest.raises(MetadataError, match="cannot name a metadata file"):
+        request_files(DRIVER, "node-a", CLAIM, [(request_name, "gpu-0")], [record("gpu-0")], PLUGIN_DIR)

@@ -180,6 +180,9 @@ def request_files(driver: str, pool: str, claim: ClaimIdentity, allocated: Seque
     by_device = {r.device: r for r in records}
     requests: dict[str, tuple[str, list[DeviceRecord]]] = {}
     for request, device in allocated:
+        if not all(is_dns_label(part) for part in request.split("/", 1)):
+            raise MetadataError(f"claim {claim.namespace}/{claim.name}: request name {request[:80]!r} is not a DNS "
+                                "label (or two, for a subrequest): it cannot name a metadata file")
         record = by_device.get(device)
         if record is None:
             raise MetadataError(f"device {device} of request {request} was not prepared")
