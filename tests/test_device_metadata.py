@@ -288,3 +288,21 @@ def test_a_claim_known_from_its_spec_alone_keeps_only_the_files_written_for_it(t
 def test_a_request_name_no_api_server_allows_names_no_file(request_name: str) -> None:
     with pytest.raises(MetadataError, match="cannot name a metadata file"):
         request_files(DRIVER, "node-a", CLAIM, [(request_name, "gpu-0")], [record("gpu-0")], PLUGIN_DIR)
+
+
+def test_a_repeated_prepare_takes_its_file_back_from_a_claim_of_the_same_name(tmp_path: Path) -> None:
+    """A claim deleted and made again under its name: the new one's prepare wrote the shared path; the old one's
+    repeated prepare (before its unprepare) writes its own file back, and the new one's unprepare spares it."""
+    files = MetadataFiles(DRIVER, "node-a", tmp_path / "plugin", tmp_path / "cdi", enabled=True)
+    newer = "11111111-2222-4333-8444-555555555555"
+    records, claim, ours = files.prepared(allocation(), [record("gpu-0")])
+    files.write(claim, ours)
+    newer_records, newer_claim, theirs = files.prepared(allocation(uid=newer), [record("gpu-0")])
+    files.write(newer_claim, theirs)
+    host = tmp_path / "plugin/dra-device-metadata/team-a_vm-gpu/gpu/metadata.json"
+    assert decode_stream(host.read_bytes())["metadata"]["uid"] == newer
+    assert files.ensure(completed(records), allocation()) == ["gpu"]
+    assert host.read_bytes() == ours[0].content
+    files.release(completed(newer_records, uid=newer))
+    assert host.read_bytes() == ours[0].content
+    assert [p.name for p in (tmp_path / "cdi").iterdir()] == [f"{DRIVER}_metadata_{UID}_gpu.json"]

@@ -114,13 +114,13 @@ class MetadataFiles:
             raise MetadataError(f"cannot write the device metadata: {e}") from None
 
     def write_missing(self, claim: ClaimIdentity, files: Sequence[RequestFile]) -> list[str]:
-        """Write the files and specs that are gone (a wiped plugin folder, the CDI tmpfs emptied), leaving those that
-        are there as they are; the requests whose files were re-created."""
+        """Write the files and specs that are gone (a wiped plugin folder, the CDI tmpfs emptied) or that another claim
+        of the same name wrote since, leaving the others as they are; the requests whose files were re-created."""
         store = self._specs()
         restored = []
         for f in files:
             host, identifier = self.plugin_dir / f.relative_path, transient_id(claim.uid, f.request)
-            if not host.exists():
+            if self._written_for(host) != claim.uid:  # gone, or another claim's of the same name since
                 _write_atomically(host, f.content)
                 restored.append(f.request)
             if not store.exists(identifier):
@@ -132,7 +132,10 @@ class MetadataFiles:
         """The records of a claim known from its CDI spec alone (its journal records lost, the devices' facts with
         them), with the metadata CDI IDs of the requests whose host file, written for this claim, is still there:
         those files are kept; no file is written again without the facts."""
-        with_ids, claim, files = self.prepared(allocation, records)
+        try:
+            with_ids, claim, files = self.prepared(allocation, records)
+        except MetadataError:
+            return tuple(records)  # a claim no file could be made for had none
         kept = {f.cdi_id for f in files if self._written_for(self.plugin_dir / f.relative_path) == claim.uid}
         return tuple(replace(r, cdi_ids=tuple(i for i in r.cdi_ids if not is_metadata_id(self.driver, i) or i in kept))
                      for r in with_ids)
