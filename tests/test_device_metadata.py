@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -306,3 +307,18 @@ def test_a_repeated_prepare_takes_its_file_back_from_a_claim_of_the_same_name(tm
     files.release(completed(newer_records, uid=newer))
     assert host.read_bytes() == ours[0].content
     assert [p.name for p in (tmp_path / "cdi").iterdir()] == [f"{DRIVER}_metadata_{UID}_gpu.json"]
+
+
+def test_two_shares_of_one_gpu_in_two_requests_each_get_their_file_and_id() -> None:
+    a, b = "aaaaaaaa-0000-4000-8000-000000000001", "bbbbbbbb-0000-4000-8000-000000000002"
+    records = [replace(record("gpu-0", uuid="GPU-1"), share_id=a, requests=("small",)),
+               replace(record("gpu-0", uuid="GPU-1"), share_id=b, requests=("other",))]
+    allocated = [("small", "gpu-0", a), ("other", "gpu-0", b)]
+    files = request_files(DRIVER, "node-a", CLAIM, allocated, records, PLUGIN_DIR)
+    assert [f.request for f in files] == ["small", "other"]
+    for f in files:
+        (device,) = decode_stream(f.content)["requests"][0]["devices"]
+        assert device["name"] == "gpu-0"
+    with_ids = with_metadata_ids(records, allocated, files)
+    assert [r.cdi_ids[1:] for r in with_ids] == [(f"{DRIVER}/metadata={UID}_small",),
+                                                (f"{DRIVER}/metadata={UID}_other",)]

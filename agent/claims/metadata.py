@@ -38,6 +38,7 @@ __all__ = [
     "ClaimIdentity",
     "MetadataError",
     "RequestFile",
+    "Result",
     "base_request",
     "cdi_id",
     "claim_directory",
@@ -169,23 +170,33 @@ def document(driver: str, pool: str, claim: ClaimIdentity, request: str,
     return body
 
 
-def request_files(driver: str, pool: str, claim: ClaimIdentity, allocated: Sequence[tuple[str, str]],
+Result = tuple[str, str] | tuple[str, str, str | None]
+"""One allocation result of the driver: (request as allocated, device), with the share ID for a share of a device."""
+
+
+def _parts(result: Result) -> tuple[str, tuple[str, str | None]]:
+    """(request, (device, share ID)): a share of a device is a device of its own in a claim."""
+    return result[0], (result[1], result[2] if len(result) == 3 else None)
+
+
+def request_files(driver: str, pool: str, claim: ClaimIdentity, allocated: Sequence[Result],
                   records: Sequence[DeviceRecord], plugin_dir: str) -> list[RequestFile]:
-    """The file and spec of each request of a prepared claim. `allocated`: (request as allocated, device) per
-    allocation result of this driver, in the claim's order; `records`: the prepared devices; `plugin_dir`: the
-    driver's plugin data folder as an absolute path."""
+    """The file and spec of each request of a prepared claim. `allocated`: the allocation results of this driver, in
+    the claim's order; `records`: the prepared devices; `plugin_dir`: the driver's plugin data folder as an absolute
+    path."""
     if claim.pod_claim_name is not None and not is_dns_label(claim.pod_claim_name):
         raise MetadataError(f"claim {claim.namespace}/{claim.name}: annotation resource.kubernetes.io/pod-claim-name "
                             f"{claim.pod_claim_name[:80]!r} is not a pod claim name (a DNS label)")
-    by_device = {r.device: r for r in records}
+    by_device = {(r.device, r.share_id): r for r in records}
     requests: dict[str, tuple[str, list[DeviceRecord]]] = {}
-    for request, device in allocated:
+    for result in allocated:
+        request, key = _parts(result)
         if not all(is_dns_label(part) for part in request.split("/", 1)):
             raise MetadataError(f"claim {claim.namespace}/{claim.name}: request name {request[:80]!r} is not a DNS "
                                 "label (or two, for a subrequest): it cannot name a metadata file")
-        record = by_device.get(device)
+        record = by_device.get(key)
         if record is None:
-            raise MetadataError(f"device {device} of request {request} was not prepared")
+            raise MetadataError(f"device {key[0]} of request {request} was not prepared")
         _, devices = requests.setdefault(base_request(request), (request, []))
         if record not in devices:
             devices.append(record)
@@ -202,16 +213,18 @@ def request_files(driver: str, pool: str, claim: ClaimIdentity, allocated: Seque
     return files
 
 
-def with_metadata_ids(records: Sequence[DeviceRecord], allocated: Sequence[tuple[str, str]],
+def with_metadata_ids(records: Sequence[DeviceRecord], allocated: Sequence[Result],
                       files: Sequence[RequestFile]) -> tuple[DeviceRecord, ...]:
     """The records with each request's metadata CDI ID added to the first device allocated for it."""
-    first: dict[str, str] = {}
-    for request, device in allocated:
-        first.setdefault(base_request(request), device)
-    extra: dict[str, list[str]] = {}
+    first: dict[str, tuple[str, str | None]] = {}
+    for result in allocated:
+        request, key = _parts(result)
+        first.setdefault(base_request(request), key)
+    extra: dict[tuple[str, str | None], list[str]] = {}
     for f in files:
         extra.setdefault(first[f.request], []).append(f.cdi_id)
-    return tuple(replace(r, cdi_ids=(*r.cdi_ids, *(i for i in extra.get(r.device, ()) if i not in r.cdi_ids)))
+    return tuple(replace(r, cdi_ids=(*r.cdi_ids, *(i for i in extra.get((r.device, r.share_id), ())
+                                                   if i not in r.cdi_ids)))
                  for r in records)
 
 

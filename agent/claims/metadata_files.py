@@ -68,7 +68,7 @@ class MetadataFiles:
         """Pure: the records with the metadata CDI IDs added, the claim, and the files to write for it."""
         ref = allocation.ref
         claim = ClaimIdentity(ref.uid, ref.namespace, ref.name, allocation.pod_claim_name)
-        allocated = [(d.request, d.device) for d in allocation.devices]
+        allocated = [(d.request, d.device, d.share_id) for d in allocation.devices]
         files = request_files(self.driver, self.pool, claim, allocated, records, str(self.plugin_dir))
         return with_metadata_ids(records, allocated, files), claim, files
 
