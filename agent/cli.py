@@ -24,6 +24,7 @@ _SETTING_FLAGS = (
     "driver_root", "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid",
     "metrics_address", "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
     "claim_status",
+    "device_metadata",
 )
 
 
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--host-netns", dest="host_netns", metavar="auto|off|FILE",
                        help="network namespace for link and uevent sockets: auto (the host's, entered from a pod "
                             "of its own), off (the agent's), or a namespace file")
+    group.add_argument("--device-metadata", dest="device_metadata", action=argparse.BooleanOptionalAction,
+                       default=None, help="give containers a device metadata file per claim request (KEP-5304), "
+                                          "mounted through CDI; needs a kubelet of Kubernetes 1.34 or later (off)")
     run.set_defaults(handler=run_command, output=None)
 
     demo = commands.add_parser(

@@ -22,6 +22,7 @@ from agent.claims.checkpoint import Checkpoint, CheckpointError
 from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
 from agent.claims.instances import Instances
 from agent.claims.locks import FileLock
+from agent.claims.metadata_files import MetadataFiles
 from agent.claims.plan import Owner
 from agent.claims.preparer import Preparer
 from agent.claims.reaper import Reaper
@@ -332,6 +333,8 @@ class Driver:
                                 None if events is None else partial(events.prepare_failed, self.name),
                                 on_prepared=None if writer is None else writer.prepared,
                                 on_released=None if writer is None else writer.released),
+            metadata=MetadataFiles(self.name, self._setup.node, plugin_dir, settings.cdi_dir,
+                                   enabled=settings.device_metadata),
         )
 
     def _reaped(self, record: ClaimRecord, why: str) -> None:

@@ -86,6 +86,10 @@ class Settings(BaseModel):
     the device; every other unhealthy device is tainted NoSchedule."""
     driver_names: dict[str, str] = Field(default_factory=dict)
     """Publish under another DRA driver name: default driver name → name to use."""
+    device_metadata: bool = False
+    """Give containers a device metadata file per claim request (KEP-5304): the devices' attributes (a VM launcher
+    finds its PCI address there) under /var/run/kubernetes.io/dra-device-attributes/, mounted through CDI. Needs a
+    kubelet that calls DRA API v1 (Kubernetes 1.34 or later)."""
     backend_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-backend configuration, keyed by backend name; each backend validates its own section."""
 

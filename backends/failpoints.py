@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["MIG_POINTS", "MIG_WHOLE_POINTS", "POINTS", "VFIO_POINTS", "failpoint"]
+__all__ = ["METADATA_POINTS", "MIG_POINTS", "MIG_WHOLE_POINTS", "POINTS", "VFIO_POINTS", "failpoint"]
 
 POINTS = (
     "prepare-before-started",
@@ -23,6 +23,9 @@ POINTS = (
     "unprepare-after-removed",
 )
 """The core's points, around the checkpoint and the CDI spec."""
+
+METADATA_POINTS = ("prepare-after-metadata",)
+"""The core's point with device metadata on: after the metadata files and their specs, before the claim's spec."""
 
 MIG_POINTS = ("mig-after-gpu-instance", "mig-after-compute-instance")
 """nvidia-mig's points, between the NVML calls that make a MIG device and the ledger records of them."""

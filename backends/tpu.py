@@ -113,7 +113,9 @@ class TpuBackend(BackendBase):
             env.append(f"TPU_CHIPS_PER_PROCESS_BOUNDS={_CHIP_BOUNDS[len(chips)]}")
         shared = (DeviceNode("/dev/vfio/vfio"),) if any(c.kind == "vfio" for c in chips) else ()
         common = ContainerEdits(env=tuple(env), device_nodes=shared)
-        return [Prepared(device=a.device, edits=ContainerEdits(device_nodes=(_node(c),)), common_edits=common)
+        # The chip's index as published (`index`), as TPU_VISIBLE_CHIPS names it.
+        return [Prepared(device=a.device, edits=ContainerEdits(device_nodes=(_node(c),)), common_edits=common,
+                         facts={"index": c.index})
                 for a, c in zip(devices, chips, strict=True)]
 
     async def discover(self) -> Inventory:

@@ -29,6 +29,7 @@ from backends.failpoints import failpoint
 from backends.host_net import read_host_network
 from backends.journal import Journal
 from backends.sysfs import SysfsError, list_dir, read_hex, read_int, read_link_name
+from backends.topology import PCI_BUS_ID
 from backends.vfio_sysfs import VFIO_PCI, Deadline, Job, Rebinder, StuckError
 from cdi.spec import ContainerEdits, DeviceNode
 
@@ -232,6 +233,8 @@ class Passthrough:
             edits=ContainerEdits(device_nodes=(DeviceNode(f"/dev/vfio/{group}"),)),
             common_edits=ContainerEdits(device_nodes=(DeviceNode("/dev/vfio/vfio"),)),
             restore={"vfio": {"group": group, "members": originals}},
+            # What a VM launcher needs to find the device it got (KubeVirt reads exactly this PCI attribute).
+            facts={PCI_BUS_ID: bus_id, "iommuGroup": group},
         )
 
     def _group(self, bus_id: str, published: frozenset[str]) -> tuple[int, list[str]]:

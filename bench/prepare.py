@@ -15,10 +15,13 @@ The claims' status.devices are written as the agent does by default; `--no-claim
 `--claim-status-ab` measures only the 1-GPU prepare latency and the agent's CPU time per prepare/unprepare cycle,
 with status writes off and on, `--cycles` calls each, in blocks of agents started on the same simulated node in the
 order off on on off off on on off (drift of the machine's speed cancels out), and prints both and the difference.
+With --device-metadata the agent writes device metadata files, into a plugins folder on disk (as
+/var/lib/kubelet/plugins is on a node), so each prepare also writes and syncs a file there.
 
 The packages' bytecode is compiled first, as an installed package has it (unless --no-compile).
 
     python bench/prepare.py [--cycles 1000] [--starts 5] [--no-compile] [--no-claim-status | --claim-status-ab]
+                            [--device-metadata]
 """
 
 from __future__ import annotations
@@ -77,14 +80,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def start_agent(server: TestApiServer, memory: Path, disk: Path, profile: Path, kubeconfig: Path,
-                      run: int, agents: list[AgentProcess], *, claim_status: bool = True,
+                      run: int, agents: list[AgentProcess], *, claim_status: bool = True, metadata: bool = False,
                       ) -> tuple[AgentProcess, KubeletSimulator, dict[str, Plugin], float, float]:
     """Start an agent (added to `agents`, to be stopped whatever happens) and time its start-up."""
     root = memory / f"run{run}"
     # The simulated node is kept across starts, as a real host's sysfs is there before the agent starts.
+    extra = {"device_metadata": True, "plugins_dir": disk / f"plugins{run}"} if metadata else {}
     settings = settings_for(root, kubeconfig, str(profile)).model_copy(
         update={"state_dir": disk / f"state{run}", "log_level": "info", "sim_root": memory / "node",
-                "claim_status": claim_status})
+                "claim_status": claim_status, **extra})
     # The simulated kernel's process start is timed inside the agent, to be told apart: a real node's kernel runs
     # before the agent starts.
     agent = AgentProcess(settings, environment(memory, memory / "kernel-start", [("kernel", KERNEL_START)]))
@@ -178,6 +182,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--device-metadata", dest="metadata", action="store_true",
+                        help="with device metadata files (plugins folder on disk)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="leave the packages' bytecode as it is (a source tree without __pycache__ run with "
                              "PYTHONDONTWRITEBYTECODE compiles every module at every start)")
@@ -205,12 +211,13 @@ async def main() -> None:
                 for obj in server.objects("resourceslices"):
                     server.delete_object("resourceslices", obj["metadata"]["name"])
                 agent, kubelet, _, began, seconds = await start_agent(server, memory, disk, profile, kubeconfig,
-                                                                      run, agents, claim_status=args.claim_status)
+                                                                      run, agents, claim_status=args.claim_status,
+                                                                      metadata=args.metadata)
                 startups.append((began, seconds))
                 await kubelet.close()
                 await agent.stop()
             agent, kubelet, plugins, _, _ = await start_agent(server, memory, disk, profile, kubeconfig, 99, agents,
-                                                              claim_status=args.claim_status)
+                                                              claim_status=args.claim_status, metadata=args.metadata)
             assert agent.process is not None
             pid = agent.process.pid
             rss_start = rss_mb(pid)

@@ -10,7 +10,14 @@ import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from cdi.names import CdiNameError, safe_transient_id, spec_file_name, spec_file_prefix, validate_spec
+from cdi.names import (
+    MAX_SPEC_FILE_NAME,
+    CdiNameError,
+    safe_transient_id,
+    spec_file_name,
+    spec_file_prefix,
+    validate_spec,
+)
 from cdi.spec import CdiSpecError, Spec
 
 SPEC_EXTENSIONS = (".json", ".yaml")
@@ -20,22 +27,32 @@ _YAML_KIND = re.compile(r"""^kind:\s*["']?([^"'\s#]+)""", re.MULTILINE)
 
 
 class SpecStore:
-    """Transient spec files `<vendor>-<class>_<id>.json` of one kind in one directory.
+    """Transient spec files `<vendor>-<class>_<id>.json` of one kind in one directory (`file_prefix` replaces the
+    `<vendor>-<class>_` part, for files named by another convention, such as the device metadata specs').
 
     Calls block on the file system and are safe from several threads as long as they name distinct ids.
     Files of other kinds are never touched.
     """
 
-    def __init__(self, directory: Path, vendor: str, cls: str) -> None:
+    def __init__(self, directory: Path, vendor: str, cls: str, *, file_prefix: str | None = None) -> None:
         self.directory = Path(directory)
         self.vendor = vendor
         self.cls = cls
         self.kind = f"{vendor}/{cls}"
-        self._prefix = spec_file_prefix(vendor, cls)
+        self._prefix = spec_file_prefix(vendor, cls)  # checks the kind's names either way
+        if file_prefix is not None:
+            if safe_transient_id(file_prefix) != file_prefix:
+                raise CdiNameError(f"spec file prefix {file_prefix!r} is not a plain file name part")
+            self._prefix = file_prefix
         self._ensure_directory()
 
     def path(self, transient_id: str) -> Path:
         """Where the spec `transient_id` lives (CdiNameError for an id unsafe in a file name)."""
+        if self._prefix != spec_file_prefix(self.vendor, self.cls):
+            name = f"{self._prefix}{safe_transient_id(transient_id)}.json"
+            if len(name.encode()) > MAX_SPEC_FILE_NAME:
+                raise CdiNameError(f"spec file name {name!r} is longer than {MAX_SPEC_FILE_NAME} bytes")
+            return self.directory / name
         return self.directory / spec_file_name(self.vendor, self.cls, transient_id)
 
     def write(self, transient_id: str, spec: Spec) -> Path:

@@ -90,6 +90,8 @@ def flags_for(settings: Settings) -> list[str]:
         flags += ["--driver-root", str(settings.driver_root)]
     if not settings.claim_status:
         flags += ["--no-claim-status"]
+    if settings.device_metadata:
+        flags += ["--device-metadata"]
     return flags
 
 
@@ -260,6 +262,16 @@ def lose_claims(settings: Settings, driver: str) -> None:
     (settings.state_dir / driver / "checkpoint.journal").unlink()
     for spec in settings.cdi_dir.glob(f"k8s.{driver}-claim_*"):
         spec.unlink()
+
+
+def metadata_file(settings: Settings, driver: str, namespace: str, claim: str, request: str) -> Path:
+    """Where an agent with `device_metadata` on writes a claim request's device metadata file on the host."""
+    return settings.plugins_dir / driver / "dra-device-metadata" / f"{namespace}_{claim}" / request / "metadata.json"
+
+
+def metadata_spec(settings: Settings, driver: str, claim_uid: str, request: str) -> Path:
+    """The CDI spec that mounts a claim request's device metadata file into its containers."""
+    return settings.cdi_dir / f"{driver}_metadata_{claim_uid}_{request}.json"
 
 
 def journal_entries(path: Path) -> dict[str, Any]:

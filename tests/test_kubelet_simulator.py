@@ -51,7 +51,7 @@ class FakeDriver:
         self.reports: asyncio.Queue[list[DeviceHealthReport] | None] = asyncio.Queue()
         self.stream_opened: list[float] = []
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
+    async def prepare(self, claims: Sequence[ClaimRef], api_version: str = "v1") -> Mapping[str, ClaimResult]:
         self.prepared.append(list(claims))
         return self.answer(claims)
 

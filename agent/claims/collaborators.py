@@ -2,7 +2,8 @@
 where claims are read, and the other agent instances on the node; plus who hears of what it does.
 
 Each part is built once by the driver (agent/driver.py) and handed over whole, so a Preparer's constructor says
-what it depends on in a few words, and a test builds only the parts it cares about.
+what it depends on in a few words, and a test builds only the parts it cares about. The device metadata files
+(`MetadataFiles`, agent/claims/metadata_files.py) are handed over the same way, when the driver has them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Prepare: read the claim (outside any lock, within its own deadline), keep this driver's devices, resolve their
 opaque configuration, then under the claim's and its devices' locks: answer from the checkpoint when already
 prepared (re-creating a lost CDI spec), refuse devices prepared for another claim, record `started`, let the owning
-backends prepare, write the claim's CDI spec, record `completed`, answer. Unprepare works from the checkpoint alone.
+backends prepare, write the device metadata files (agent/claims/metadata_files.py, when on) and the claim's CDI spec,
+record `completed`, answer. Unprepare works from the checkpoint alone.
 A failure fails that claim only; whatever was done for it is undone. Devices allocated with admin access are not in
 use: they neither block nor are blocked by other claims. A device shared by capacity is held by shares: its shares
 may be prepared for many claims at once (each its own record, CDI device and share id; the owning backend decides
@@ -19,28 +20,30 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 
+from agent.claims.backend_calls import prepare_on_backends, unprepare_on_backends
 from agent.claims.cdi import cdi_device_id, claim_spec
 from agent.claims.checkpoint import Started
 from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
-from agent.claims.holding import held_elsewhere, with_shares
+from agent.claims.holding import held_elsewhere
 from agent.claims.locks import KeyedLocks
-from agent.claims.plan import Owner, Plan, one_per_uid, plan_claim
-from agent.claims.read import ClaimError, check_reference, read_allocation
+from agent.claims.metadata import MetadataError
+from agent.claims.metadata_files import MetadataFiles
+from agent.claims.plan import Plan, one_per_uid, plan_claim
+from agent.claims.read import ClaimAllocation, ClaimError, check_reference, read_allocation
 from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.claims.results import ClaimResult, PreparedDeviceResult
 from backends.capabilities import records_own_changes
-from backends.contract import Allocated, BackendError, ClaimRef, Prepared
+from backends.contract import ClaimRef, Prepared
 from backends.failpoints import failpoint
 
 __all__ = ["Preparer"]
 
-BACKEND_TIMEOUT = 40.0
-"""Seconds a backend may take for one claim: below the kubelet's 45 s deadline, so the claim gets an answer."""
 class Preparer:
     """Prepare/unprepare for one driver on this node (the parts it works with: agent/claims/collaborators.py)."""
 
     def __init__(self, devices: DriverDevices, memory: ClaimMemory, claims: ClaimSource, *,
-                 instances: InstanceGuard | None = None, reporting: Reporting | None = None) -> None:
+                 instances: InstanceGuard | None = None, reporting: Reporting | None = None,
+                 metadata: MetadataFiles | None = None) -> None:
         instances = instances or InstanceGuard()
         reporting = reporting or Reporting()
         self.driver = devices.driver
@@ -61,16 +64,19 @@ class Preparer:
         self._on_failure = reporting.on_failure  # told of every claim not prepared, with the error (never blocks)
         self._on_prepared = reporting.on_prepared  # told of every claim answered as prepared (never blocks)
         self._on_released = reporting.on_released  # told of every claim unprepared, rolled back or reaped
+        self.metadata = metadata  # device metadata files (KEP-5304); None: none are written or removed
 
     # --- kubelet calls ----------------------------------------------------------------------------------
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        """One result per claim UID; never raises."""
+    async def prepare(self, claims: Sequence[ClaimRef], kubelet_api: str = "v1") -> dict[str, ClaimResult]:
+        """One result per claim UID; never raises. `kubelet_api`: the DRA API version the kubelet called."""
+        refusal = self._unsupported(kubelet_api)
         if len(claims) == 1:  # the kubelet's usual call: no tasks to make for one claim
             ref = claims[0]
-            return {ref.uid: await self._prepare_planned(ref, await self._plan(ref))}
+            return {ref.uid: await self._prepare_planned(ref, refusal or await self._plan(ref))}
         refs, clashes = one_per_uid(claims, "prepared")
-        plans = await asyncio.gather(*(self._plan(ref) for ref in refs))
+        plans: Sequence[Plan | str] = ([refusal] * len(refs) if refusal else
+                                       await asyncio.gather(*(self._plan(ref) for ref in refs)))
         results = await asyncio.gather(*(self._prepare_planned(ref, plan) for ref, plan in zip(refs, plans,
                                                                                                  strict=True)))
         answers = {ref.uid: result for ref, result in zip(refs, results, strict=True)}
@@ -85,6 +91,13 @@ class Preparer:
         return {ref.uid: error for ref, error in zip(refs, errors, strict=True)} | clashes
 
     # --- prepare ----------------------------------------------------------------------------------------
+
+    def _unsupported(self, kubelet_api: str) -> str:
+        """Why no claim of a call through this kubelet API version is prepared, or empty."""
+        if self.metadata is not None and self.metadata.enabled and kubelet_api != "v1":
+            return (f"device metadata (setting device_metadata) needs a kubelet that calls DRA API v1 (Kubernetes "
+                    f"1.34 or later); this kubelet called {kubelet_api}: upgrade the kubelet or turn the setting off")
+        return ""
 
     async def _plan(self, ref: ClaimRef) -> Plan | str:
         """Read and check the claim; an error message when it cannot be prepared."""
@@ -142,8 +155,8 @@ class Preparer:
             if {(d.device, d.share_id) for d in record.devices} == set(plan.requests):
                 if record.recovered:
                     record = await self._readopt(ref, plan, record)
-                await self.ensure_spec(record)
-                return self._answer(ref, record)
+                lost = await self.ensure_spec(record, plan.allocation)
+                return ClaimResult(error=lost) if lost else self._answer(ref, record)
             return ClaimResult(error=f"claim {_name(ref)} was prepared with other devices; unprepare it first")
         # A claim prepared before its device turned unhealthy keeps its answer (above): its pods run already.
         unusable = [f"{d}: {why}" for d in plan.devices if (why := self._unusable(d))]
@@ -157,7 +170,7 @@ class Preparer:
                       for a in allocated)
         started = await self._start(ref, plan, pairs)
         failpoint("prepare-after-started")
-        prepared, error = await self._run_backends(ref, plan)
+        prepared, error = await prepare_on_backends(ref, plan, self.log)
         if error:
             await self._undo(ref, prepared, started)
             return ClaimResult(error=error)
@@ -180,10 +193,10 @@ class Preparer:
             for p in items
         )
         try:
-            completed = await asyncio.to_thread(self._publish, started, records)
+            completed = await asyncio.to_thread(self._publish, started, records, plan.allocation)
         except Exception as e:
             await self._undo(ref, prepared, started)
-            return ClaimResult(error=f"cannot write the CDI spec: {e}")
+            return ClaimResult(error=str(e) if isinstance(e, MetadataError) else f"cannot write the CDI spec: {e}")
         failpoint("prepare-after-completed")
         return self._answer(ref, completed)
 
@@ -200,9 +213,15 @@ class Preparer:
         return await asyncio.to_thread(self.checkpoint.start, ref.uid, ref.namespace, ref.name, pairs, True,
                                        plan.admin)
 
-    def _publish(self, started: ClaimRecord, records: tuple[DeviceRecord, ...]) -> ClaimRecord:
-        """Write the claim's CDI spec, then record it completed (one worker-thread hop for both: on a machine with
-        few CPUs, two hops at once cost more than the one spends waiting for the disk)."""
+    def _publish(self, started: ClaimRecord, records: tuple[DeviceRecord, ...],
+                 allocation: ClaimAllocation) -> ClaimRecord:
+        """Write the device metadata files and the claim's CDI spec, then record it completed (one worker-thread hop
+        for all: on a machine with few CPUs, two hops at once cost more than the one spends waiting for the disk).
+        A crash before `completed` leaves a `started` record, whose roll-back removes the metadata files too."""
+        if self.metadata is not None and self.metadata.enabled:
+            records, claim, files = self.metadata.prepared(allocation, records)  # their CDI IDs go into the records
+            self.metadata.write(claim, files)
+            failpoint("prepare-after-metadata")
         self.store.write(started.uid, claim_spec(self.driver, started.uid, records))
         failpoint("prepare-after-cdi")
         return self.checkpoint.complete(started, records)
@@ -212,39 +231,13 @@ class Preparer:
         back from the claim the kubelet asks for again."""
         devices = tuple(replace(d, requests=plan.requests[(d.device, d.share_id)], admin_access=d.device in plan.admin)
                         for d in record.devices)
+        if self.metadata is not None:
+            devices = await asyncio.to_thread(self.metadata.readopted, plan.allocation, devices)
         adopted = replace(record, namespace=ref.namespace, name=ref.name, devices=devices, recovered=False)
         await asyncio.to_thread(self.checkpoint.record, adopted)
         self.log.info("claim known from its CDI spec is prepared again", claim=_name(ref))
         return adopted
 
-    async def _run_backends(self, ref: ClaimRef, plan: Plan) -> tuple[dict[str, list[Prepared]], str]:
-        """Prepare on every owning backend concurrently; what succeeded is returned even when one fails."""
-
-        async def one(owner: Owner, allocated: list[Allocated]) -> list[Prepared] | str:
-            try:
-                async with asyncio.timeout(BACKEND_TIMEOUT):
-                    prepared = list(await owner.backend.prepare(ref, allocated))
-            except TimeoutError:
-                return f"backend {owner.name} did not prepare {_devices(allocated)} within {BACKEND_TIMEOUT:.0f} s"
-            except BackendError as e:
-                return f"{_devices(allocated)}: {e}"
-            except Exception as e:
-                self.log.exception("backend prepare failed", backend=owner.name, claim=_name(ref))
-                return f"backend {owner.name} failed on {_devices(allocated)}: {type(e).__name__}: {e}"
-            prepared = with_shares(allocated, prepared)
-            wanted = {(a.device, a.share_id) for a in allocated}
-            if {(p.device, p.share_id) for p in prepared} != wanted or len(prepared) != len(wanted):
-                return f"backend {owner.name} answered for other devices than {_devices(allocated)}"
-            return prepared
-
-        names = list(plan.per_backend)
-        if len(names) == 1:
-            outcomes = [await one(*plan.per_backend[names[0]])]
-        else:
-            outcomes = await asyncio.gather(*(one(*plan.per_backend[n]) for n in names))
-        done = {n: o for n, o in zip(names, outcomes, strict=True) if not isinstance(o, str)}
-        errors = [o for o in outcomes if isinstance(o, str)]
-        return done, "; ".join(errors)
 
     async def _undo(self, ref: ClaimRef, prepared: Mapping[str, list[Prepared]], started: ClaimRecord) -> None:
         """Undo a prepare that failed part-way; the claim's devices must end up as they were."""
@@ -255,12 +248,19 @@ class Preparer:
                 # Keep the `started` record: the next prepare or restart rolls it back again.
                 self.log.error("undoing a failed prepare failed", backend=backend, claim=_name(ref), error=str(e))
                 return
-        await asyncio.to_thread(self._drop, started.uid)
+        try:
+            await asyncio.to_thread(self._drop, started)
+        except (OSError, MetadataError) as e:
+            # Keep the `started` record: the next prepare or restart removes the files again.
+            self.log.error("removing the device metadata of a failed prepare failed", claim=_name(ref), error=str(e))
 
-    def _drop(self, uid: str) -> None:
-        """The end of `_undo`: the claim's CDI spec, then its `started` record (one worker-thread hop)."""
-        self.store.delete(uid)
-        self.checkpoint.remove(uid)
+    def _drop(self, started: ClaimRecord) -> None:
+        """The end of `_undo`: the claim's metadata files and CDI spec, then its `started` record (one worker-thread
+        hop)."""
+        if self.metadata is not None:
+            self.metadata.release(started)
+        self.store.delete(started.uid)
+        self.checkpoint.remove(started.uid)
 
     def _answer(self, ref: ClaimRef, record: ClaimRecord) -> ClaimResult:
         if self._on_prepared is not None:
@@ -271,11 +271,24 @@ class Preparer:
             for d in record.devices
         ))
 
-    async def ensure_spec(self, record: ClaimRecord) -> None:
-        """Re-create a completed claim's CDI spec if it is gone (the CDI directory is a tmpfs)."""
+    async def ensure_spec(self, record: ClaimRecord, allocation: ClaimAllocation | None = None) -> str:
+        """Re-create a completed claim's CDI spec if it is gone (the CDI directory is a tmpfs), and its lost device
+        metadata files: all of them from the claim (`allocation`) when the kubelet asks again, at start the specs.
+        Why the metadata could not be re-created, or empty."""
+        claim = f"{record.namespace}/{record.name}:{record.uid}"
         if not await asyncio.to_thread(self.store.exists, record.uid):
             await asyncio.to_thread(self.store.write, record.uid, claim_spec(self.driver, record.uid, record.devices))
-            self.log.info("re-created CDI spec", claim=f"{record.namespace}/{record.name}:{record.uid}")
+            self.log.info("re-created CDI spec", claim=claim)
+        if self.metadata is None:
+            return ""
+        try:
+            restored = await asyncio.to_thread(self.metadata.ensure, record, allocation)
+        except MetadataError as e:
+            self.log.error("cannot re-create device metadata", claim=claim, error=str(e))
+            return str(e)
+        if restored:
+            self.log.info("re-created device metadata", claim=claim, requests=restored)
+        return ""
 
     # --- unprepare --------------------------------------------------------------------------------------
 
@@ -303,24 +316,14 @@ class Preparer:
     async def release(self, ref: ClaimRef, record: ClaimRecord) -> str:
         """Undo a claim's preparation from its record and forget it; an error message when a backend failed (the
         record is kept, so the next unprepare tries again). The caller holds the claim's locks."""
-        by_backend: dict[str, list[Prepared]] = {}
-        for d in record.devices:
-            by_backend.setdefault(d.backend, []).append(
-                Prepared(device=d.device, edits=d.edits, common_edits=d.common_edits, restore=d.restore,
-                         share_id=d.share_id))
-        for backend, items in by_backend.items():
-            if not backend:
-                continue  # a device of a claim known from its CDI spec alone, no longer on this node
-            owner = self.backends.get(backend)
-            if owner is None:
-                return f"backend {backend}, which prepared {_devices(items)}, is not loaded; load it to unprepare"
+        if self.metadata is not None:
             try:
-                async with asyncio.timeout(BACKEND_TIMEOUT):
-                    await owner.unprepare(ref, items)
-            except TimeoutError:
-                return f"backend {backend} did not unprepare {_devices(items)} within {BACKEND_TIMEOUT:.0f} s"
-            except Exception as e:
-                return f"{_devices(items)}: {e}"
+                await asyncio.to_thread(self.metadata.release, record)
+            except (OSError, MetadataError) as e:
+                return f"cannot remove the device metadata of claim {_name(ref)}: {e}"
+        error = await unprepare_on_backends(self.backends, ref, record)
+        if error:
+            return error
         failpoint("unprepare-after-backends")
         await asyncio.to_thread(self._forget, record.uid)
         failpoint("unprepare-after-removed")
@@ -384,7 +387,3 @@ class Preparer:
 
 def _name(ref: ClaimRef) -> str:
     return f"{ref.namespace}/{ref.name}:{ref.uid}"
-
-
-def _devices(items: Sequence[Allocated] | Sequence[Prepared]) -> str:
-    return ", ".join(i.device for i in items)

@@ -18,6 +18,7 @@ from agent.kube.quantity import parse_quantity
 from backends.contract import ClaimRef
 
 __all__ = [
+    "POD_CLAIM_NAME",
     "ClaimAllocation",
     "ClaimError",
     "DeviceAllocation",
@@ -27,6 +28,8 @@ __all__ = [
     "read_allocation",
 ]
 
+POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
+"""The annotation a claim made from a template carries: the name the pod gave the claim (pod.spec.resourceClaims)."""
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
 
@@ -73,11 +76,13 @@ class OpaqueEntry:
 
 @dataclass(frozen=True)
 class ClaimAllocation:
-    """What this driver has to prepare for a claim."""
+    """What this driver has to prepare for a claim. `pod_claim_name`: the claim was made from a template for the
+    pod that calls it this (its `resource.kubernetes.io/pod-claim-name` annotation), unchecked."""
 
     ref: ClaimRef
     devices: tuple[DeviceAllocation, ...]
     configs: tuple[OpaqueEntry, ...]
+    pod_claim_name: str | None = None
 
 
 def check_reference(ref: ClaimRef) -> None:
@@ -109,7 +114,8 @@ def read_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str) -> Cla
         for i, raw in enumerate(_list(devices.get("config"), f"{where} config"))
         if (entry := _config(raw, i, driver, where)) is not None
     )
-    return ClaimAllocation(ref, ours, configs)
+    annotation = _field(claim, "metadata", "annotations", POD_CLAIM_NAME)
+    return ClaimAllocation(ref, ours, configs, annotation if isinstance(annotation, str) else None)
 
 
 def configs_for(allocation: ClaimAllocation, device: DeviceAllocation) -> list[OpaqueEntry]:

@@ -11,8 +11,9 @@ All of it happens under the cross-instance lock, after reading the checkpoint af
    refused to other claims until the kubelet unprepares it. A spec that does not read as one is left alone.
 3. A `started` record whose instance is gone (it crashed mid-prepare) is rolled back; one whose instance still
    runs is that instance's business.
-4. Completed claims of this boot get their CDI specs back (the CDI directory is a tmpfs); specs of claims prepared
-   before a reboot are removed.
+4. Completed claims of this boot get their CDI specs back (the CDI directory is a tmpfs), their device metadata
+   specs too; specs of claims prepared before a reboot are removed, and device metadata files of claims without
+   a record.
 5. Backends that keep records of their own (`reconcile`) release what no claim holds: the checkpoint is complete
    at this point, or step 1 would have stopped.
 """
@@ -25,6 +26,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 
 from agent.claims.cdi import cdi_device_id
+from agent.claims.metadata import MetadataError
 from agent.claims.preparer import Preparer
 from agent.claims.records import ClaimRecord, DeviceRecord
 from backends.capabilities import Reconciles
@@ -54,7 +56,22 @@ async def recover(preparer: Preparer) -> None:
         removed = await asyncio.to_thread(preparer.store.sweep, live | unreadable)
         for uid in removed:
             log.info("removed CDI spec of a claim prepared before the node rebooted", spec=uid)
+        await _sweep_metadata(preparer, unreadable)
         await _reconcile(preparer)
+
+
+async def _sweep_metadata(preparer: Preparer, unreadable: set[str]) -> None:
+    """Remove device metadata files of claims the checkpoint does not know (their records and CDI specs lost); a
+    claim whose CDI spec could not be read keeps them, as it keeps the spec."""
+    if preparer.metadata is None:
+        return
+    try:
+        removed = await asyncio.to_thread(preparer.metadata.sweep, set(preparer.checkpoint.claims) | unreadable)
+    except (OSError, MetadataError) as e:
+        preparer.log.error("cannot remove device metadata of unknown claims", error=str(e))
+        return
+    for uid in removed:
+        preparer.log.info("removed device metadata of a claim the checkpoint does not know", claim=uid)
 
 
 async def _adopt_unaccounted_specs(preparer: Preparer) -> set[str]:

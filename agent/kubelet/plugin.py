@@ -23,6 +23,7 @@ from agent.kubelet.grpc_server import MAX_SOCKET_PATH, UnixServer
 from agent.kubelet.services import (
     DRA_PLUGIN_TYPE,
     SUPPORTED_VERSIONS,
+    DraVersion,
     HealthSource,
     PluginInfo,
     add_dra_services,
@@ -84,8 +85,8 @@ class KubeletPlugin:
         await self._dra.stop(grace)
         await self._registration.stop(0)
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]:
-        return await self.preparer.prepare(claims)
+    async def prepare(self, claims: Sequence[ClaimRef], api_version: DraVersion = "v1") -> Mapping[str, ClaimResult]:
+        return await self.preparer.prepare(claims, kubelet_api=api_version)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         return await self.preparer.unprepare(claims)

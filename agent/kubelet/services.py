@@ -34,6 +34,7 @@ __all__ = [
     "DeviceHealthReport",
     "DraClient",
     "DraHandler",
+    "DraVersion",
     "HealthSource",
     "HealthStatus",
     "PluginInfo",
@@ -84,9 +85,11 @@ class PluginInfo:
 
 
 class DraHandler(Protocol):
-    """What the DRA servicers delegate to; results are keyed by claim UID, one entry per claim asked."""
+    """What the DRA servicers delegate to; results are keyed by claim UID, one entry per claim asked. `api_version`:
+    the DRA API version the kubelet called (`v1`, or `v1beta1` from a kubelet older than 1.34)."""
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimResult]: ...
+    async def prepare(self, claims: Sequence[ClaimRef], api_version: DraVersion = "v1") -> Mapping[str, ClaimResult]:
+        ...
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]: ...
 
@@ -114,7 +117,7 @@ class _DraServicer:
         self._handler = handler
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        results = await self._handler.prepare(_claims(request))
+        results = await self._handler.prepare(_claims(request), self._version)
         response = self._pb.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]

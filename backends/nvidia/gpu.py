@@ -8,7 +8,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from backends.contract import Allocated, BackendContext, ClaimRef, Device, Inventory, Prepared, PrepareError
+from backends.contract import (
+    Allocated,
+    AttributeValue,
+    BackendContext,
+    ClaimRef,
+    Device,
+    Inventory,
+    Prepared,
+    PrepareError,
+)
 from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost
 from backends.nvidia.config import GpuBackendConfig, GpuConfig
 from backends.nvidia.gpu_shares import GpuShares, memory_policy, sharing_of
@@ -19,7 +28,7 @@ from backends.nvidia.nvml_compute import MigMode, mig_mode
 from backends.nvidia.passthrough import describe, held_device
 from backends.nvidia.sharing import ComputeModes, wanted_mode
 from backends.sysfs import read_link_name
-from backends.topology import device_name
+from backends.topology import PCI_BUS_ID, device_name
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
 from cdi.spec import ContainerEdits
 
@@ -156,13 +165,14 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                     common_edits=common,
                     restore=restore,
                     share_id=a.share_id,
+                    facts=self._facts(a.device),
                 )
             passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if a.device in through]
             if passthrough:
                 published = {ref.bus_id for ref in self._refs.values()}
                 notes = {d: describe(self._devices[d], bus_id) for d, bus_id in passthrough}
                 for item in await self.passthrough().prepare(claim.uid, passthrough, published, notes):
-                    prepared[(item.device, None)] = item
+                    prepared[(item.device, None)] = replace(item, facts={**self._facts(item.device), **item.facts})
         except BaseException:
             # One claim is all or nothing: compute modes this call set go back, and the shares it recorded go.
             await self._restore_modes(claim, list(prepared.values()))
@@ -195,6 +205,16 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
             if mode.enabled or mode.pending:
                 raise PrepareError(f"{a.device}: GPU {bus_id} is in MIG mode (or about to be): its memory belongs "
                                    "to MIG devices (nvidia-mig); a share of the full GPU is refused")
+
+    def _facts(self, device: str) -> dict[str, AttributeValue]:
+        """What the workload learns about a GPU it got: its UUID (when NVML told it) and PCI address."""
+        ref = self._refs[device]
+        facts: dict[str, AttributeValue] = {PCI_BUS_ID: ref.bus_id}
+        published = self._devices.get(device)
+        uuid = ref.uuid or (published.attributes.get("uuid") if published is not None else None)
+        if isinstance(uuid, str) and uuid:  # a GPU held on vfio-pci is known from its description
+            facts["uuid"] = uuid
+        return facts
 
     def _minor(self, device: str) -> int | None:
         """N of the GPU's /dev/nvidiaN while the nvidia driver holds it: from the last discovery, or for a GPU given

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from backends.contract import (
@@ -33,7 +34,7 @@ from backends.nvidia.mig_ledger import MigLedger
 from backends.nvidia.mig_whole import WholeGpus
 from backends.nvidia.nvml import GpuInfo, GpuProblem, MigInfo, NvmlError, SystemInfo, list_mig_devices
 from backends.nvidia.sharing import ComputeModes, wanted_mode
-from backends.topology import PciTopology, device_name
+from backends.topology import PCI_BUS_ID, PciTopology, device_name
 from cdi.spec import ContainerEdits
 
 __all__ = ["NvidiaMigBackend", "mig_device_name"]
@@ -124,7 +125,19 @@ class NvidiaMigBackend(NvidiaBackend):
             # One claim is all or nothing: what this call made or changed for it goes again.
             await self.unprepare(claim, attempted)
             raise
-        return prepared
+        return [replace(p, facts=self._facts(p)) for p in prepared]
+
+    def _facts(self, prepared: Prepared) -> dict[str, AttributeValue]:
+        """What the workload learns about the device it got: the MIG device's UUID (a whole GPU's, and its PCI
+        address, for a whole GPU taken out of MIG mode)."""
+        offer = self._offers.get(prepared.device)
+        if offer is not None and offer.placement is None:
+            return {"uuid": offer.gpu_uuid, PCI_BUS_ID: offer.bus_id}
+        uuid = prepared.restore.get("uuid")  # a MIG device made for the claim
+        if not isinstance(uuid, str):
+            published = self._devices.get(prepared.device)
+            uuid = published.attributes.get("uuid") if published is not None else None
+        return {"uuid": uuid} if isinstance(uuid, str) and uuid else {}
 
     async def _take_whole(self, claim: ClaimRef, device: str, offer: Offer, modes: Mapping[str, int | None],
                           common: ContainerEdits) -> Prepared:
