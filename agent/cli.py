@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="node profile (built-in name or YAML file) of the main node; alone, a tour of its devices")
     demo.add_argument("--scenario", dest="scenarios", action="append", default=[], metavar="NAME",
                       help="run this scenario (repeatable): readiness, all-gpus, aligned-nic, mig, vfio, health, "
-                           "extended-gpu, gpu-shares, vf-interface, tour (default: all but tour)")
+                           "extended-gpu, claim-status, vm-metadata, gpu-shares, vf-interface, tour "
+                           "(default: all but tour)")
     demo.add_argument("--keep", type=Path, metavar="DIR", help="keep the nodes' files (agent logs, CDI specs) here")
     demo.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour (auto: on a TTY)")
     return parser

@@ -66,7 +66,8 @@ def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
         "1. Node readiness", "2. One compute class, many GPU nodes", "3. A big GPU with an aligned NIC",
         "4. MIG devices made to order", "5. A GPU and a VF handed to a VM and returned",
         "6. A GPU fails during a running claim", "7. A pod that asks nvidia.com/gpu: 1",
-        "8. Two pods share one GPU by memory", "9. A VF's interface named net1 in the pod"]
+        "8. What a claim's status says after prepare", "9. A VM learns the PCI address of its GPU",
+        "10. Two pods share one GPU by memory", "11. A VF's interface named net1 in the pod"]
     assert "every step behaved" in seeds.text
 
 
@@ -125,6 +126,25 @@ def test_e_a_failed_gpu_is_reported_tainted_refused_and_recovers(seeds: Told) ->
     assert any(c.startswith("the waiting claim now gets gpu-") for c in checks)
 
 
+def test_j_a_claims_status_has_each_drivers_entries_until_unprepare(seeds: Told) -> None:
+    assert seeds.passed("claim-status") == [
+        "prepared by both drivers",
+        "one entry per device, each Ready=True, written by the driver that prepared it",
+        "the entries carry the GPU's UUID and the VF's PCI address",
+        "two field managers own them: gpu.nvidia.com, sriov.dra-agent.io",
+        "unprepared: both drivers removed their entries",
+    ]
+
+
+def test_k_a_vm_reads_its_gpus_pci_address_from_the_metadata_file(seeds: Told) -> None:
+    checks = seeds.passed("vm-metadata")
+    assert checks[0] == "prepared: the GPU's CDI IDs include the metadata mount gpu.nvidia.com/metadata=<claim UID>_gpu"
+    assert checks[1] == ("its CDI spec mounts the file at /var/run/kubernetes.io/dra-device-attributes/resourceclaims/"
+                         "vm/gpu/gpu.nvidia.com-metadata.json")
+    assert re.fullmatch(r"the file names the GPU's PCI address 0000:[0-9a-f]{2}:00\.0, as KubeVirt reads it", checks[2])
+    assert checks[-2:] == ["unprepared: the CDI specs are gone", "the metadata file is gone with the claim"]
+
+
 def test_i_two_pods_share_a_gpu_by_memory_and_a_third_share_does_not_fit(seeds: Told) -> None:
     checks = seeds.passed("gpu-shares")
     assert any(re.fullmatch(r"both share gpu-[0-9a-f-]+, each with its own shareID and CDI device", c) for c in checks)
@@ -137,6 +157,8 @@ def test_i_two_pods_share_a_gpu_by_memory_and_a_third_share_does_not_fit(seeds: 
 
 def test_h_a_vf_interface_goes_into_the_pod_as_net1(seeds: Told) -> None:
     checks = seeds.passed("vf-interface")
+    mac = r"([0-9a-f]{2}:){5}[0-9a-f]{2}"
+    assert any(re.fullmatch(rf"status.devices\[\].networkData names net1 and the VF's MAC {mac}", c) for c in checks)
     assert any(re.fullmatch(r"the CDI spec \(cdiVersion 1\.1\.0\) moves \S+ into the pod as net1", c) for c in checks)
     assert "interface " in seeds.text and " as net1" in seeds.text
     assert checks[-1] == "unprepared: the CDI specs are gone"

@@ -48,6 +48,7 @@ class DemoNode:
     profile: str
     root: Path
     backend_config: Mapping[str, Any]
+    settings: Mapping[str, str] = field(default_factory=dict)  # agent settings as DRA_AGENT_* variables
     process: asyncio.subprocess.Process | None = None
     kubelet: KubeletSimulator | None = None
     started_at: float = 0.0
@@ -144,10 +145,14 @@ class DemoCluster:
                 stack.push_async_callback(cluster._stop_nodes)
                 yield cluster
 
-    async def add_nodes(self, nodes: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[DemoNode]:
+    async def add_nodes(self, nodes: Sequence[tuple[str, str, Mapping[str, Any]]],
+                        settings: Mapping[str, Mapping[str, str]] | None = None) -> list[DemoNode]:
         """Start `dra-agent run` on new simulated nodes (name, profile, backend config) and wait until each is
-        ready: every driver's slices complete in the API server and its plugin registered with the kubelet."""
+        ready: every driver's slices complete in the API server and its plugin registered with the kubelet.
+        `settings` gives a node agent settings of its own, as DRA_AGENT_* environment variables."""
         made = [self._node(name, profile, config) for name, profile, config in nodes]
+        for node in made:
+            node.settings = dict((settings or {}).get(node.name, {}))
         await asyncio.gather(*(self._start(node) for node in made))
         return made
 
@@ -160,7 +165,7 @@ class DemoCluster:
         return node
 
     async def _start(self, node: DemoNode) -> None:
-        env = {**os.environ, "DRA_AGENT_BACKEND_CONFIG": json.dumps(node.backend_config)}
+        env = {**os.environ, **node.settings, "DRA_AGENT_BACKEND_CONFIG": json.dumps(node.backend_config)}
         with node.log.open("ab") as log:
             node.started_at = time.monotonic()
             node.process = await asyncio.create_subprocess_exec(

@@ -12,8 +12,8 @@ import asyncio
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,14 @@ from simulator.demo.health import HEALTH_CONFIG, gpu_failure
 from simulator.demo.reconfig import MIG_CONFIG, dgx_h100_in_mig_mode, dynamic_mig, vfio
 from simulator.demo.scenarios import GKE_NODES, aligned_nic, all_gpus, readiness, tour
 from simulator.demo.story import Story
-from simulator.demo.workload import SHARED_CONFIG, gpu_shares, vf_interface
+from simulator.demo.workload import SHARED_CONFIG, claim_status, gpu_shares, vf_interface, vm_metadata
 from simulator.kubelet_connection import KubeletError
 from simulator.scheduler.allocation import Unallocatable
 
 DEFAULT_PROFILE = "dgx-h100"
 MIG_NODE = "dgx-h100-mig"
 SHARED_NODE = "dgx-h100-shared"
+VM_NODE = "dgx-h100-vm"
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class NodeSpec:
     name: str
     profile: str | Callable[[Path], str]
     config: dict[str, Any]
+    settings: Mapping[str, str] = field(default_factory=dict)  # agent settings as DRA_AGENT_* variables
 
 
 @dataclass(frozen=True)
@@ -85,13 +87,19 @@ SCENARIOS: dict[str, Scenario] = {
     "tour": Scenario("One device of every driver", _main, lambda c, s, p: tour(c, s, p.main_node.name)),
     "extended-gpu": Scenario("A pod that asks nvidia.com/gpu: 1", _main,
                              lambda c, s, p: extended_gpu(c, s, p.main_node.name)),
+    "claim-status": Scenario("What a claim's status says after prepare", _main,
+                             lambda c, s, p: claim_status(c, s, p.main_node.name)),
+    "vm-metadata": Scenario("A VM learns the PCI address of its GPU",
+                            lambda p: [NodeSpec(VM_NODE, "dgx-h100", {}, {"DRA_AGENT_DEVICE_METADATA": "true"})],
+                            lambda c, s, p: vm_metadata(c, s, VM_NODE)),
     "gpu-shares": Scenario("Two pods share one GPU by memory",
                            lambda p: [NodeSpec(SHARED_NODE, "dgx-h100", SHARED_CONFIG)],
                            lambda c, s, p: gpu_shares(c, s, SHARED_NODE)),
     "vf-interface": Scenario("A VF's interface named net1 in the pod", _main,
                              lambda c, s, p: vf_interface(c, s, p.main_node.name)),
 }
-SEEDS = ("readiness", "all-gpus", "aligned-nic", "mig", "vfio", "health", "extended-gpu", "gpu-shares", "vf-interface")
+SEEDS = ("readiness", "all-gpus", "aligned-nic", "mig", "vfio", "health", "extended-gpu", "claim-status",
+         "vm-metadata", "gpu-shares", "vf-interface")
 
 INTRO = ("Kubernetes Dynamic Resource Allocation in a few words: a node agent publishes its devices as "
          "ResourceSlices; a DeviceClass names a kind of device; a pod's ResourceClaim asks for devices of "
@@ -129,7 +137,8 @@ async def run_demo(plan: Plan, story: Story, *, workdir: Path | None = None) -> 
             + (" until the demo ends (--keep DIR keeps them)." if workdir is None else "."))
         try:
             nodes = await cluster.add_nodes([(s.name, s.profile(cluster.workdir) if callable(s.profile)
-                                              else s.profile, s.config) for s in specs.values()])
+                                              else s.profile, s.config) for s in specs.values()],
+                                            {s.name: s.settings for s in specs.values()})
         except DemoError as e:
             story.fail(str(e))
             return _summary(story, began)
