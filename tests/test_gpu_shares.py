@@ -289,3 +289,39 @@ async def test_a_share_cut_short_by_a_crash_is_undone_at_restart_and_the_other_s
         assert (await plugin.prepare([cut]))[cut.uid].error.endswith(
             f"this share's sharing strategy is TimeSlicing, but a share of the GPU prepared for claim {other.uid} "
             "uses none; the shares of one GPU must use the same strategy")
+
+
+def share_counted_alone(server: TestApiServer, name: str, memory: str, consumed: str | None = None) -> ClaimRef:
+    """A share of GPU 0 allocated as if no other claim held any of it (a scheduler that lost count), its
+    consumedCapacity optionally rewritten (an allocation written by hand)."""
+    wanted = claim(name, exactly("gpu", GPU, ON_GPU_0, capacity={"requests": {"memory": memory}}))
+    allocation = allocate(wanted, classes=device_classes(), slices=slices(server), allocated=[], node=NODE)
+    status = json.loads(json.dumps(allocation.status))
+    if consumed is not None:
+        status["devices"]["results"][0]["consumedCapacity"]["memory"] = consumed
+    wanted["metadata"]["uid"] = uid = f"00000000-0000-4000-9000-{len(server.objects('resourceclaims')) + 1:012d}"
+    server.put_claim({**wanted, "status": {"allocation": status}})
+    return ClaimRef(uid, "default", name)
+
+
+async def test_shares_that_would_overcommit_the_gpu_are_refused_and_leave_nothing(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100", backends=("nvidia-gpu",), backend_config=SHARING) as env, \
+            KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await sharing_agent(env, kubelet)
+        first = share(env.server, "first", "50Gi")
+        assert (await plugin.prepare([first]))[first.uid].error == ""
+        # The scheduler would not allocate these; the agent must not prepare them either.
+        late = share_counted_alone(env.server, "late", "40Gi")
+        huge = share_counted_alone(env.server, "huge", "8Gi", consumed="90Gi")
+        answers = await plugin.prepare([late, huge])
+        assert answers[late.uid].error.endswith(f"{DEVICE}: this share's 40Gi of memory does not fit: the shares "
+                                                "prepared on the GPU hold 50Gi of its 79.65Gi")
+        assert answers[huge.uid].error.endswith(f"{DEVICE}: this share holds 90Gi of memory, more than the GPU's "
+                                                "79.65Gi")
+        assert set(records(env)) == {first.uid}
+        assert spec_of(env, late.uid) is None and spec_of(env, huge.uid) is None
+        shares = backend_journal(env.settings.state_dir, "gpu-shares.json")
+        assert [e["claim"] for e in shares.values()] == [first.uid]
+        # Once the first share is gone, the 40Gi one fits.
+        assert (await plugin.unprepare([first]))[first.uid] == ""
+        assert (await plugin.prepare([late]))[late.uid].error == ""

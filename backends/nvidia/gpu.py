@@ -153,7 +153,11 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                 # Recorded first: a crash from here on leaves an entry the rollback or the next start drops.
                 if share is not None:
                     prepared[(a.device, share)] = Prepared(device=a.device, edits=ContainerEdits(), share_id=share)
-                    await asyncio.to_thread(self.shares.admit, claim.uid, a.device, share, sharing_of(a))
+                    # An allocation that names no memory (none the scheduler writes) holds all of it.
+                    capacity = self._devices[a.device].capacity["memory"]
+                    memory = a.consumed.get("memory", capacity)
+                    await asyncio.to_thread(self.shares.admit, claim.uid, a.device, share, sharing_of(a), memory,
+                                            capacity)
                 if mode is not None:
                     restore["computeMode"] = await asyncio.to_thread(
                         self.modes.apply, claim.uid, a.device, self._refs[a.device].bus_id, mode, share)

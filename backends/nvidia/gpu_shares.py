@@ -39,6 +39,11 @@ def memory_policy(memory: int, step: int) -> CapacityPolicy | None:
     return CapacityPolicy(default=top, valid_range=CapacityRange(min=step, max=top, step=step))
 
 
+def _gib(size: int) -> str:
+    """A memory size for a message, in GiB with up to two decimals."""
+    return f"{size / 2**30:.2f}".rstrip("0").rstrip(".") + "Gi"
+
+
 def sharing_of(allocated: Allocated) -> str:
     """The share's sharing strategy, as compared between the shares of one GPU."""
     config = allocated.config
@@ -66,19 +71,32 @@ class GpuShares:
             self._loaded = True
         return self._journal
 
-    def admit(self, claim: str, device: str, share: str, strategy: str) -> None:
-        """Record the share, or refuse it when a share of the same GPU for another claim uses another
-        strategy."""
+    def admit(self, claim: str, device: str, share: str, strategy: str, memory: int, capacity: int) -> None:
+        """Record the share, which holds `memory` bytes of the GPU's `capacity`; refuse it when a share of the
+        same GPU for another claim uses another strategy, or when the shares would hold more memory than the GPU
+        has. The scheduler never allocates such shares; a claim whose allocation says otherwise (written by hand,
+        or by a scheduler that lost count) fails here rather than overcommit the GPU."""
         with self._lock:
             journal = self._load()
             key = f"{claim}/{device}/{share}"
+            if memory > capacity:
+                raise PrepareError(f"{device}: this share holds {_gib(memory)} of memory, more than the GPU's "
+                                   f"{_gib(capacity)}")
+            held = 0
             for other_key, other in journal:
-                if other_key != key and other["device"] == device and other["sharing"] != strategy:
+                if other_key == key or other["device"] != device:
+                    continue
+                if other["sharing"] != strategy:
                     raise PrepareError(
                         f"{device}: this share's sharing strategy is {strategy}, but a share of the GPU prepared "
                         f"for claim {other['claim']} uses {other['sharing']}; the shares of one GPU must use the "
                         "same strategy")
-            journal.put(key, {"claim": claim, "device": device, "share": share, "sharing": strategy})
+                held += int(other.get("memory", 0))
+            if held + memory > capacity:
+                raise PrepareError(f"{device}: this share's {_gib(memory)} of memory does not fit: the shares "
+                                   f"prepared on the GPU hold {_gib(held)} of its {_gib(capacity)}")
+            journal.put(key, {"claim": claim, "device": device, "share": share, "sharing": strategy,
+                              "memory": memory})
 
     def release(self, claim: str, device: str, share: str) -> None:
         """Forget the share (nothing to do when it is not recorded)."""
