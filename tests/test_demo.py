@@ -56,7 +56,7 @@ def tell(scenarios: tuple[str, ...], profile: str | None = None) -> Told:
 
 @pytest.fixture(scope="module")
 def seeds() -> Iterator[Told]:
-    """The demo's default run, once for the module: every seed scenario on five simulated nodes."""
+    """The demo's default run, once for the module: every seed scenario on seven simulated nodes."""
     yield tell(SEEDS)
 
 
@@ -73,7 +73,7 @@ def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
 
 def test_f_every_node_is_ready_with_complete_pools(seeds: Told) -> None:
     checks = seeds.passed("readiness")
-    assert len(checks) == 5, "one line per node"
+    assert len(checks) == 7, "one line per node"
     assert any(c.startswith("dgx-h100: 2 pool(s) complete and registered") for c in checks)
     assert any(c.startswith("gke-n1-p4x4: 1 pool(s) complete") for c in checks)
 
