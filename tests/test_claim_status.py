@@ -153,13 +153,12 @@ class FakeApi:
         self.claims: dict[str, Mapping[str, Any]] = {}
 
     async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], field_manager: str,
-                                 timeout: float) -> Mapping[str, Any]:
+                                 timeout: float) -> None:
         if self.gate is not None:
             await self.gate.wait()
         if self.failures:
             raise self.failures.pop(0)
         self.applied.append((field_manager, body))
-        return body
 
     async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.claims.get(name)

@@ -125,9 +125,11 @@ class KubeClient:
         what: str = "",
         content_type: str = _JSON,
         timeout: float | None = None,
+        decode: bool = True,
     ) -> Any:
-        """One API request; the decoded JSON response, or KubeError with the server's message. `timeout` bounds
-        the whole request in seconds (the client's default: 5 minutes)."""
+        """One API request; the decoded JSON response (None without `decode`: the body is read, not parsed), or
+        KubeError with the server's message. `timeout` bounds the whole request in seconds (the client's default:
+        5 minutes)."""
         what = what or f"{method} {path}"
         headers = {"Accept": _JSON}
         if body is not None:
@@ -143,6 +145,8 @@ class KubeClient:
         except Exception as e:  # connection refused, timeouts, TLS: the server was not reached
             raise KubeError(f"{what}: {type(e).__name__}: {e}") from None
         if 200 <= response.status < 300:
+            if not decode:
+                return None
             return json.loads(raw) if raw else {}
         message, reason = _status_message(raw)
         raise KubeError(f"{what}: {message or response.reason}", response.status, reason)
@@ -159,14 +163,15 @@ class KubeClient:
         return claim
 
     async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], field_manager: str,
-                                 timeout: float) -> dict[str, Any]:
+                                 timeout: float) -> None:
         """Server-side apply on a ResourceClaim's status as `field_manager`, forcing ownership: the server merges
-        the applied fields with those of other managers and removes what this manager owned and no longer applies."""
-        applied: dict[str, Any] = await self.request(
+        the applied fields with those of other managers and removes what this manager owned and no longer applies.
+        The claim the server answers with is not decoded: nothing reads it, and it is the biggest part of the
+        write's work in the agent (the whole claim, its managedFields included)."""
+        await self.request(
             "PATCH", f"{_claim(namespace, name)}/status", body=body, content_type=_APPLY_PATCH, timeout=timeout,
             query=[("fieldManager", field_manager), ("force", "true")],
-            what=f"apply status of resourceclaim {namespace}/{name}")
-        return applied
+            what=f"apply status of resourceclaim {namespace}/{name}", decode=False)
 
     async def get_node_uid(self, name: str) -> str:
         node = await self.request("GET", f"/api/v1/nodes/{quote(name)}", what=f"get node {name}")
