@@ -44,7 +44,7 @@ def discovered(profile: str, backend_config: Obj | None = None) -> list[Obj]:
 
 
 def device_classes() -> list[Obj]:
-    return [d for d in yaml.safe_load_all((ROOT / "deploy/30-deviceclasses.yaml").read_text()) if d]
+    return [d for d in yaml.safe_load_all((ROOT / "deploy/base/30-deviceclasses.yaml").read_text()) if d]
 
 
 def example_claim(name: str, namespace: str = "default") -> Obj:

@@ -202,7 +202,7 @@ def test_an_unknown_scenario_is_refused_with_the_choices() -> None:
 
 
 def test_the_demo_uses_the_device_classes_the_project_ships() -> None:
-    shipped = [d for d in yaml.safe_load_all((ROOT / "deploy/30-deviceclasses.yaml").read_text()) if d]
+    shipped = [d for d in yaml.safe_load_all((ROOT / "deploy/base/30-deviceclasses.yaml").read_text()) if d]
     assert device_classes() == shipped
     assert {c["metadata"]["name"] for c in shipped} >= {"gpu.nvidia.com", "mig.nvidia.com",
                                                         "rdma-vf.sriov.dra-agent.io", "vf.sriov.dra-agent.io"}

@@ -43,6 +43,7 @@ from tests.agent_env import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+BASE = DEPLOY / "base"
 KUBERNETES_VERSION = "1.37"
 NAMESPACE = "dra-agent"
 # Attribute domains every PCI device carries besides its driver's: the upstream standard one and the agent's own.
@@ -64,11 +65,16 @@ Doc = dict[str, Any]
 # Loading
 
 
+def _base_files() -> list[Path]:
+    """The manifests the base kustomization lists, in its order."""
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    return [BASE / name for name in kustomization["resources"]]
+
+
 def _load_documents() -> list[tuple[str, Doc]]:
+    """Every object of the base and of the example claims, named by file and position."""
     found = []
-    for path in sorted(DEPLOY.rglob("*")):
-        if path.suffix not in (".yaml", ".yml") or not path.is_file():
-            continue
+    for path in [*_base_files(), *sorted((DEPLOY / "examples").glob("*.yaml"))]:
         with path.open() as f:
             for index, doc in enumerate(yaml.safe_load_all(f)):
                 if doc is not None:
@@ -105,12 +111,14 @@ def agent_drivers() -> set[str]:
 # Every document
 
 
-def test_manifests_are_there_in_apply_order() -> None:
-    top = sorted(p.name for p in DEPLOY.glob("*.yaml"))
-    assert top == ["00-namespace.yaml", "10-rbac.yaml", "20-daemonset.yaml", "30-deviceclasses.yaml"]
+def test_the_base_lists_every_manifest() -> None:
+    listed = [path.name for path in _base_files()]
+    assert {"00-namespace.yaml", "10-rbac.yaml", "20-daemonset.yaml", "25-metrics-service.yaml",
+            "30-deviceclasses.yaml"} <= set(listed)
+    # A manifest left out of the kustomization would never be applied.
+    on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert on_disk == set(listed), f"not listed in deploy/base/kustomization.yaml: {on_disk - set(listed)}"
     assert len(list((DEPLOY / "examples").glob("*.yaml"))) >= 5
-    # The namespace, then what refers to it: kubectl applies the files in name order.
-    assert _of_kind("Namespace", None) == [doc for where, doc in DOCUMENTS if where.startswith("00-")]
 
 
 @pytest.mark.parametrize(("where", "doc"), DOCUMENTS, ids=[where for where, _ in DOCUMENTS])
@@ -121,7 +129,7 @@ def test_document_validates(where: str, doc: Doc) -> None:
 def test_namespaced_objects_are_in_the_agents_namespace() -> None:
     (namespace,) = _of_kind("Namespace")
     assert namespace["metadata"]["name"] == NAMESPACE
-    for kind in ("ServiceAccount", "DaemonSet"):
+    for kind in ("ServiceAccount", "DaemonSet", "Service"):
         for doc in _of_kind(kind):
             assert doc["metadata"].get("namespace") == NAMESPACE, f"{kind} {doc['metadata']['name']}"
     # Privileged pods are refused by Pod Security admission at any level but privileged.
@@ -376,7 +384,7 @@ def test_the_driver_root_is_the_hosts_root_or_the_driver_containers() -> None:
     # The value the manifest's comment gives for the GPU operator's driver container is accepted, and names
     # /run/nvidia/driver on the host, where the operator mounts the driver container's root.
     args = [a for a in container["args"] if not a.startswith("--driver-root")]
-    assert "set /host/run/nvidia/driver" in (DEPLOY / "20-daemonset.yaml").read_text()
+    assert "set /host/run/nvidia/driver" in (BASE / "20-daemonset.yaml").read_text()
     operator = _agent_settings({**container, "args": [*args, "--driver-root=/host/run/nvidia/driver"]})
     assert "/" + str(operator.effective_driver_root.relative_to(operator.host_root)) == "/run/nvidia/driver"
     with pytest.raises(SettingsError, match="must lie under host_root /host"):

@@ -1,5 +1,5 @@
-"""`dra-agent run` on a simulated node laid out as deploy/20-daemonset.yaml mounts the host: the host's root seen at
-one folder (the node's root), the NVIDIA driver either installed there or in a GPU operator's driver container
+"""`dra-agent run` on a simulated node laid out as deploy/base/20-daemonset.yaml mounts the host: the host's root
+seen at one folder (the node's root), the NVIDIA driver either installed there or in a GPU operator's driver container
 (`--driver-root <host root>/run/nvidia/driver`). NVML is found through the driver root's ld.so.cache, CDI specs
 name the paths the container runtime on the host sees, and GPUs whose NVML cannot be used are an error the
 operator sees (log, metric, /readyz) while the other backends serve on, until the driver is there."""

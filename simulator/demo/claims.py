@@ -18,7 +18,7 @@ VFIO = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "VfioConfig"}
 
 
 def device_classes() -> list[JsonObject]:
-    """The DeviceClasses the project ships (deploy/30-deviceclasses.yaml)."""
+    """The DeviceClasses the project ships (deploy/base/30-deviceclasses.yaml)."""
     text = (resources.files("simulator.demo") / "manifests" / "deviceclasses.yaml").read_text()
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
