@@ -235,11 +235,13 @@ def test_metrics_adds_a_service_monitor_for_the_metrics_service(rendered: dict[P
 
 
 def test_an_overlay_builds_on_another(tmp_path: Path) -> None:
-    """A user's kustomization on top of the nfd overlay, with the driver-container patch copied next to it."""
+    """docs/deploy.md's own kustomization: on the nfd overlay, with the driver-container and metrics overlays'
+    files copied next to it, a toleration and a memory limit of its own, and another image."""
     shutil.copy(DEPLOY / "overlays/driver-container/driver-root.yaml", tmp_path)
-    (tmp_path / "resources.yaml").write_text(yaml.safe_dump([
-        {"op": "add", "path": "/spec/template/spec/tolerations/-",
-         "value": {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}},
+    shutil.copy(DEPLOY / "overlays/metrics/servicemonitor.yaml", tmp_path)
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    (tmp_path / "node-pool.yaml").write_text(yaml.safe_dump([
+        {"op": "add", "path": "/spec/template/spec/tolerations/-", "value": toleration},
         {"op": "replace", "path": "/spec/template/spec/containers/0/resources/limits/memory", "value": "512Mi"},
     ]))
     target = {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": "dra-agent", "namespace": "dra-agent"}
@@ -247,15 +249,22 @@ def test_an_overlay_builds_on_another(tmp_path: Path) -> None:
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         # kustomize v2 takes no absolute path here.
         "bases": [os.path.relpath(DEPLOY / "overlays/nfd", tmp_path)],
+        "resources": ["servicemonitor.yaml"],
         "patchesJson6902": [{"target": target, "path": "driver-root.yaml"},
-                            {"target": target, "path": "resources.yaml"}],
+                            {"target": target, "path": "node-pool.yaml"}],
+        "images": [{"name": "ghcr.io/dra-agent/dra-agent", "newName": "registry.example.com/dra-agent",
+                    "newTag": "0.1.0"}],
     }))
     objects = {_key(doc): doc for doc in _render(tmp_path)}
     pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
     assert "nodeAffinity" in pod["affinity"]
-    assert "--driver-root=/host/run/nvidia/driver" in pod["containers"][0]["args"]
-    assert pod["containers"][0]["resources"]["limits"]["memory"] == "512Mi"
-    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
+    assert "--driver-root=/host/run/nvidia/driver" in container["args"]
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert container["image"] == "registry.example.com/dra-agent:0.1.0"
+    # Added to the base's tolerations, not in their place.
+    assert pod["tolerations"][-1] == toleration and len(pod["tolerations"]) > 1
+    assert _only(objects, "ServiceMonitor")
     for doc in objects.values():
-        kubernetes_validate.validate(doc, "1.37", strict=True)
-
+        if (doc["apiVersion"], doc["kind"]) not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, "1.37", strict=True)
