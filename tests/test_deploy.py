@@ -118,6 +118,9 @@ def test_the_base_lists_every_manifest() -> None:
     # A manifest left out of the kustomization would never be applied.
     on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert on_disk == set(listed), f"not listed in deploy/base/kustomization.yaml: {on_disk - set(listed)}"
+    # kubectl apply -k deploy/ applies the base only: a manifest beside it would be left out.
+    beside = {p.name for p in DEPLOY.glob("*.y*ml")} - {"kustomization.yaml"}
+    assert not beside, f"move {beside} to deploy/base/ and list it in deploy/base/kustomization.yaml"
     assert len(list((DEPLOY / "examples").glob("*.yaml"))) >= 5
 
 

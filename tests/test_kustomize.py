@@ -11,6 +11,7 @@ whichever kubectl is on the PATH renders them here.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -44,7 +45,7 @@ def _render(directory: Path) -> list[Doc]:
     assert KUBECTL is not None
     done = subprocess.run([KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
     # Current kustomize warns on stderr that the kustomize v2 forms are deprecated; only the exit status counts.
-    assert done.returncode == 0, f"kubectl kustomize {directory.relative_to(ROOT)}: {done.stderr}"
+    assert done.returncode == 0, f"kubectl kustomize {directory}: {done.stderr}"
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
 
 
@@ -234,27 +235,30 @@ def test_metrics_adds_a_service_monitor_for_the_metrics_service(rendered: dict[P
 # Combining overlays, as docs/deploy.md shows it
 
 
-def test_an_overlay_builds_on_another(tmp_path: Path) -> None:
+def _documented_files() -> dict[str, str]:
+    """The files of docs/deploy.md's own kustomization: each YAML block there that starts with a comment
+    `# my-dra-agent/<file>`."""
+    text = (ROOT / "docs/deploy.md").read_text()
+    blocks = re.findall(r"^```yaml\n(# my-dra-agent/([\w.-]+)[^\n]*\n.*?)^```$", text, re.M | re.S)
+    return {name: body for body, name in blocks}
+
+
+def test_the_documented_combination_renders(tmp_path: Path) -> None:
     """docs/deploy.md's own kustomization: on the nfd overlay, with the driver-container and metrics overlays'
     files copied next to it, a toleration and a memory limit of its own, and another image."""
+    files = _documented_files()
+    assert set(files) == {"kustomization.yaml", "node-pool.yaml"}, set(files)
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
     shutil.copy(DEPLOY / "overlays/driver-container/driver-root.yaml", tmp_path)
     shutil.copy(DEPLOY / "overlays/metrics/servicemonitor.yaml", tmp_path)
-    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
-    (tmp_path / "node-pool.yaml").write_text(yaml.safe_dump([
-        {"op": "add", "path": "/spec/template/spec/tolerations/-", "value": toleration},
-        {"op": "replace", "path": "/spec/template/spec/containers/0/resources/limits/memory", "value": "512Mi"},
-    ]))
-    target = {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": "dra-agent", "namespace": "dra-agent"}
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        # kustomize v2 takes no absolute path here.
-        "bases": [os.path.relpath(DEPLOY / "overlays/nfd", tmp_path)],
-        "resources": ["servicemonitor.yaml"],
-        "patchesJson6902": [{"target": target, "path": "driver-root.yaml"},
-                            {"target": target, "path": "node-pool.yaml"}],
-        "images": [{"name": "ghcr.io/dra-agent/dra-agent", "newName": "registry.example.com/dra-agent",
-                    "newTag": "0.1.0"}],
-    }))
+    kustomization = yaml.safe_load(files["kustomization.yaml"])
+    # The docs' clone of the repository next to the user's directory is this one (kustomize v2 takes no
+    # absolute path here).
+    assert kustomization["bases"] == ["../dra-agent/deploy/overlays/nfd"]
+    kustomization["bases"] = [os.path.relpath(DEPLOY / "overlays/nfd", tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+
     objects = {_key(doc): doc for doc in _render(tmp_path)}
     pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -263,6 +267,7 @@ def test_an_overlay_builds_on_another(tmp_path: Path) -> None:
     assert container["resources"]["limits"]["memory"] == "512Mi"
     assert container["image"] == "registry.example.com/dra-agent:0.1.0"
     # Added to the base's tolerations, not in their place.
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
     assert pod["tolerations"][-1] == toleration and len(pod["tolerations"]) > 1
     assert _only(objects, "ServiceMonitor")
     for doc in objects.values():
