@@ -24,6 +24,7 @@ import yaml
 
 from agent.cli import build_parser
 from agent.settings import Settings, load_settings
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -43,7 +44,8 @@ Key = tuple[str, str, str, str]
 
 def _render(directory: Path) -> list[Doc]:
     assert KUBECTL is not None
-    done = subprocess.run([KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([KUBECTL, "kustomize", str(directory)], capture_output=True, text=True,
+                          timeout=scaled(60))
     # Current kustomize warns on stderr that the kustomize v2 forms are deprecated; only the exit status counts.
     assert done.returncode == 0, f"kubectl kustomize {directory}: {done.stderr}"
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
@@ -97,9 +99,11 @@ def test_every_rendered_object_validates(rendered: dict[Path, dict[Key, Doc]], d
 
 def test_deploy_applies_the_base(rendered: dict[Path, dict[Key, Doc]]) -> None:
     assert rendered[DEPLOY] == rendered[BASE]
-    kinds = sorted(kind for _, kind, _, _ in rendered[BASE])
-    assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
-                            "Service", *["DeviceClass"] * 5]), kinds
+    # kubectl apply -k applies in the rendered order: the namespace before what lives in it.
+    assert next(iter(rendered[BASE]))[1] == "Namespace"
+    kinds = {kind for _, kind, _, _ in rendered[BASE]}
+    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service",
+            "DeviceClass"} <= kinds, kinds
 
 
 def test_the_base_renders_the_manifests_unchanged(rendered: dict[Path, dict[Key, Doc]]) -> None:
