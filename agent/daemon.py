@@ -17,6 +17,7 @@ import signal
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from agent import __version__
 from agent.claims.checkpoint import CheckpointError, read_boot_id
 from agent.claims.instances import InstanceError, Instances
 from agent.driver import Driver, DriverSetup
@@ -35,7 +36,7 @@ from agent.notify import Notifier
 from agent.settings import Settings
 from agent.slices.publisher import Publisher
 
-__all__ = ["Agent", "open_kernel_events", "run"]
+__all__ = ["Agent", "log_start", "open_kernel_events", "run"]
 
 STOP_GRACE = 6.0
 """Seconds in-flight kubelet calls get to finish at shutdown; the whole stop stays within 10 s."""
@@ -156,6 +157,24 @@ def open_kernel_events(settings: Settings, host: Host) -> tuple[UdevMonitor | No
     return open_udev_monitor(host, netns=netns), open_link_monitor(netns)
 
 
+def log_start(settings: Settings, host: Host, node: str) -> None:
+    """One line at start-up that says which agent runs where and with what: the version, the node, the backends,
+    the roots it reads the hardware from, the directories it writes to and the settings that change behaviour."""
+    get_logger("agent").info(
+        "starting", version=__version__, node=node,
+        backends=",".join(settings.backends) if settings.backends else "all installed",
+        simulate=settings.simulate, host_root=str(host.host_root), sysfs_root=str(host.sysfs_root),
+        dev_root=str(host.dev_root), driver_root=str(host.driver_root), state_dir=str(settings.state_dir),
+        cdi_dir=str(settings.cdi_dir), plugins_dir=str(settings.plugins_dir),
+        registry_dir=str(settings.registry_dir), kubeconfig=str(settings.kubeconfig or "default"),
+        metrics_address=settings.metrics_address, pod_uid=settings.pod_uid, host_netns=settings.host_netns,
+        health_timeout=settings.health_timeout, no_execute=",".join(settings.no_execute),
+        claim_status=settings.claim_status, device_metadata=settings.device_metadata,
+        reap_interval=settings.reap_interval, reap_grace=settings.reap_grace,
+        driver_names=settings.driver_names or None, backend_config=sorted(settings.backend_config) or None,
+    )
+
+
 def _collect_from_now_on() -> None:
     """Turn the cyclic garbage collector back on once the agent serves, when its start-up had it off (`dra-agent
     run`): what start-up made is frozen first, so no later collection walks it again."""
@@ -195,6 +214,7 @@ async def run(settings: Settings) -> int:
             kube = await KubeClient.connect(settings.kubeconfig)
             stack.push_async_callback(kube.close)
             agent = Agent(settings, host, kube, notifier)
+            log_start(settings, host, agent.node)
             stack.push_async_callback(agent.stop)
             await agent.start()
             _collect_from_now_on()
