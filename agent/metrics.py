@@ -3,6 +3,10 @@
 `/metrics` (Prometheus text format), `/healthz` (the event loop answers), `/readyz` (start-up is done: every
 driver's sockets are up and its slices are published, whether the kubelet has registered them is up to it; and
 no backend reports hardware it cannot serve). /readyz answers 503 with one line per reason it is not ready.
+
+Besides the agent's own metrics, the registry holds the process's (`process_resident_memory_bytes`,
+`process_cpu_seconds_total`, `process_open_fds`, ...) and `python_info`. Counters and histograms carry no
+`_created` series (see `Metrics`).
 """
 
 from __future__ import annotations
@@ -10,7 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -27,7 +40,15 @@ class Metrics:
     """The agent's metrics, in a registry of their own (several agents can live in one test process)."""
 
     def __init__(self) -> None:
+        # A `_created` series (when the child was made) would double every counter's and histogram's series, one
+        # more per label set, for a value Prometheus does not use in queries and that a restart shows anyway
+        # (process_start_time_seconds). The switch is the library's and applies to the whole process, which
+        # serves this one registry.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
         self.registry = CollectorRegistry()
+        # Read on each scrape from /proc/self: memory against the container's limit, CPU, open file descriptors.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.requests = Counter("dra_agent_node_requests", "Claims in kubelet prepare/unprepare calls",
                                 ["driver", "operation", "outcome"], registry=self.registry)
         self.latency = Histogram("dra_agent_node_request_seconds", "Time to prepare or unprepare one claim",

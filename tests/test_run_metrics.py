@@ -1,0 +1,82 @@
+"""What `dra-agent run` tells an operator at start and on /metrics: one start-up line with the version, node,
+backends and directories; the process's own metrics beside the agent's, without `_created` series; and every
+metric docs/health.md names in its queries is one the agent serves."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+from agent import __version__
+from simulator.apiserver.server import TestApiServer
+from tests.agent_env import NODE, AgentProcess, free_port, served_metrics, settings_for, wait_until
+from tests.timing import scaled
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def families(address: str) -> dict[str, str]:
+    """The metric families /metrics declares (`# TYPE name kind`), with or without samples yet."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=scaled(5)) as response:
+        text = response.read().decode()
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+
+
+def documented_metrics() -> set[str]:
+    """Metric names in docs/health.md's code blocks and tables (queries and the list of metrics)."""
+    text = (ROOT / "docs" / "health.md").read_text()
+    return set(re.findall(r"\b((?:dra_agent|process|python)_[a-z_]+)", text))
+
+
+def family_of(name: str, declared: dict[str, str]) -> str | None:
+    """The family a sample name belongs to (`x_total` of counter `x`, `x_bucket` of histogram `x`)."""
+    if name in declared:
+        return name
+    for suffix in ("_total", "_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and name.removesuffix(suffix) in declared:
+            return name.removesuffix(suffix)
+    return None
+
+
+async def test_start_line_process_metrics_and_the_documented_names(scratch: Path) -> None:
+    async with TestApiServer() as server:
+        server.add_node(NODE)
+        address = f"127.0.0.1:{free_port()}"
+        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
+                                metrics_address=address, log_level="info")
+        agent = AgentProcess(settings)
+        try:
+            await agent.start()
+            await wait_until(lambda: served_metrics(address).get('dra_agent_published_slices{driver="gpu.nvidia.com"}'),
+                             timeout=scaled(30))
+            samples = served_metrics(address)
+            declared = families(address)
+        finally:
+            await agent.stop()
+
+    assert samples["process_resident_memory_bytes"] > 10 * 2**20
+    assert samples["process_cpu_seconds_total"] > 0
+    assert samples["process_open_fds"] >= 3
+    assert samples["process_max_fds"] >= samples["process_open_fds"]
+    assert any(name.startswith("python_info{") for name in samples)
+    assert not [name for name in samples if "_created" in name], "no _created series"
+    assert declared["dra_agent_node_request_seconds"] == "histogram"
+    assert declared["dra_agent_claim_status_writes_total"] == "counter"
+
+    undocumented = {name for name in documented_metrics() if family_of(name, declared) is None}
+    assert not undocumented, f"docs/health.md names metrics the agent does not serve: {sorted(undocumented)}"
+
+    lines = [json.loads(line) for line in agent.output().splitlines() if line.startswith("{")]
+    (start,) = [line for line in lines if line.get("event") == "starting"]
+    assert start["version"] == __version__
+    assert start["node"] == NODE
+    assert start["backends"] == "all installed"
+    assert start["simulate"] == "dgx-h100"
+    assert start["driver_root"] == start["host_root"] == str(settings.sim_root)
+    for directory in ("state_dir", "cdi_dir", "plugins_dir", "registry_dir"):
+        assert start[directory] == str(getattr(settings, directory))
+    assert start["metrics_address"] == address
+    assert start["claim_status"] is True and start["health_timeout"] == 30
+    assert lines.index(start) < [line.get("event") for line in lines].index("ready")
