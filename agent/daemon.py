@@ -22,7 +22,7 @@ from agent.claims.checkpoint import CheckpointError, read_boot_id
 from agent.claims.instances import InstanceError, Instances
 from agent.driver import Driver, DriverSetup
 from agent.events.recorder import EventRecorder
-from agent.kube.client import KubeClient, KubeError
+from agent.kube.client import KubeClient, KubeconfigError, KubeError
 from agent.kubelet.grpc_server import SocketError
 from agent.logs import get_logger
 from agent.metrics import Metrics, MetricsServer
@@ -210,16 +210,17 @@ async def run(settings: Settings) -> int:
     notifier = Notifier()
     try:
         async with AsyncExitStack() as stack:
-            host = stack.enter_context(open_host(settings))
+            # The credentials first: a wrong kubeconfig is found before a simulated node is built.
             kube = await KubeClient.connect(settings.kubeconfig)
             stack.push_async_callback(kube.close)
+            host = stack.enter_context(open_host(settings))
             agent = Agent(settings, host, kube, notifier)
             log_start(settings, host, agent.node)
             stack.push_async_callback(agent.stop)
             await agent.start()
             _collect_from_now_on()
             await stop.wait()
-    except HostError as e:
+    except (HostError, KubeconfigError) as e:  # the configuration's fault: the documented exit status 2
         log.error("cannot start", error=str(e))
         return 2
     except (KubeError, CheckpointError, InstanceError, SocketError, OSError) as e:

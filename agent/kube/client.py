@@ -24,7 +24,7 @@ from urllib.request import getproxies_environment, proxy_bypass
 
 import aiohttp
 
-__all__ = ["KubeClient", "KubeError"]
+__all__ = ["KubeClient", "KubeError", "KubeconfigError"]
 
 
 def _package_without_its_init(name: str) -> None:
@@ -85,6 +85,11 @@ class KubeError(Exception):
         self.reason = reason
 
 
+class KubeconfigError(KubeError):
+    """The credentials cannot be loaded: the kubeconfig is missing or invalid, or the in-cluster ones are: a
+    configuration problem, found before any request is made."""
+
+
 @dataclass
 class KubeClient:
     """Typed calls for what the agent needs; every method raises KubeError."""
@@ -95,16 +100,19 @@ class KubeClient:
     async def connect(cls, kubeconfig: Path | None = None) -> KubeClient:
         """From a kubeconfig file when given, else in-cluster credentials, else $KUBECONFIG / ~/.kube/config."""
         configuration = client.Configuration()
+        in_cluster = kubeconfig is None and _in_cluster()
+        if not in_cluster:
+            _check_kubeconfig(kubeconfig)
         try:
             if kubeconfig is not None:
                 await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-            elif _in_cluster():
+            elif in_cluster:
                 config.load_incluster_config(client_configuration=configuration)
             else:
                 await config.load_kube_config(client_configuration=configuration)
         except (config.ConfigException, OSError) as e:
             where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-            raise KubeError(f"cannot load Kubernetes credentials ({where}): {e}") from None
+            raise KubeconfigError(f"kubeconfig {where} is not usable: {e}") from None
         # The client's session would look proxies (and ~/.netrc) up in the environment on every request,
         # which costs ~0.6 ms each here; resolve the proxy once instead.
         configuration.client_session_kwargs = {"trust_env": False}
@@ -273,6 +281,24 @@ def _environment_proxy(url: str) -> str | None:
     if not parts.hostname or proxy_bypass(parts.hostname):
         return None
     return getproxies_environment().get(parts.scheme) or None
+
+
+def _check_kubeconfig(kubeconfig: Path | None) -> None:
+    """Say plainly that a kubeconfig file is missing (the client would answer "Expected key current-context")."""
+    if kubeconfig is None:
+        if os.environ.get("KUBECONFIG"):
+            return  # a list of files the client merges, any of which may be missing
+        default = Path("~/.kube/config").expanduser()
+        if not default.exists():
+            raise KubeconfigError(f"no Kubernetes credentials: not in a cluster (no service account token) and no "
+                                  f"kubeconfig at {default}; give --kubeconfig FILE or set KUBECONFIG")
+        return
+    if os.pathsep in str(kubeconfig):
+        return  # KUBECONFIG's list form
+    if not kubeconfig.exists():
+        raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
+    if not kubeconfig.is_file():
+        raise KubeconfigError(f"kubeconfig {kubeconfig} is not a file")
 
 
 def _in_cluster() -> bool:
