@@ -17,7 +17,7 @@ import yaml
 from simulator.demo.claims import device_classes
 from simulator.demo.cluster import DemoError
 from simulator.demo.command import SCENARIOS, SEEDS, plan_for, run_demo
-from simulator.demo.story import Story
+from simulator.demo.story import MAX_WIDTH, Story
 from tests.agent_env import memory_dir
 from tests.timing import scaled
 
@@ -48,7 +48,7 @@ class Told:
 
 def tell(scenarios: tuple[str, ...], profile: str | None = None) -> Told:
     out = io.StringIO()
-    story = Story(out, color=False, width=110)
+    story = Story(out, color=False, width=MAX_WIDTH)
     with memory_dir("dra-demo-t-") as folder:
         code = asyncio.run(run_demo(plan_for(profile, scenarios), story, workdir=folder))
     return Told(code, story, out.getvalue())
@@ -69,6 +69,22 @@ def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
         "8. What a claim's status says after prepare", "9. A VM learns the PCI address of its GPU",
         "10. Two pods share one GPU by memory", "11. A VF's interface named net1 in the pod"]
     assert "every step behaved" in seeds.text
+
+
+def test_no_line_of_the_default_demo_is_wider_than_100_columns(seeds: Told) -> None:
+    """Paragraphs, tables (cells wrap within their column), checks and YAML documents all fit."""
+    assert MAX_WIDTH == 100
+    wide = [line for line in seeds.text.splitlines() if len(line) > MAX_WIDTH]
+    assert not wide, "\n".join(wide)
+
+
+def test_readiness_splits_the_simulated_node_set_up_from_the_agents_start(seeds: Told) -> None:
+    """The time until ready counts from the launch of `dra-agent run`, building the simulated node included; the
+    table shows that set-up apart from the agent's own start, which the checks quote."""
+    assert "set-up  agent" in seeds.text
+    assert re.search(r"dgx-h100: 2 pool\(s\) complete and registered with the kubelet \d+\.\d\d s after its "
+                     r"start-up line", seeds.text), seeds.text
+    assert "compiles the modules to bytecode and the simulated NVML library" in " ".join(seeds.text.split())
 
 
 def test_f_every_node_is_ready_with_complete_pools(seeds: Told) -> None:

@@ -107,12 +107,13 @@ def _short(column: str) -> str:
 
 
 def cdi_summary(spec: Mapping[str, Any]) -> list[list[str]]:
-    """Rows of what a CDI spec gives a container: per device, its nodes, mounts and environment."""
+    """Rows of what a CDI spec gives a container: per device (by its name within the spec's kind), its nodes,
+    mounts and environment."""
     rows = []
     common = spec.get("containerEdits") or {}
     for device in spec.get("devices") or ():
         edits = device.get("containerEdits") or {}
-        rows.append([f"{spec.get('kind', '')}={device['name']}", _edits(edits)])
+        rows.append([device["name"], _edits(edits)])  # the kind (k8s.<driver>/claim) is the same for all
     if common:
         rows.append(["(every device)", _edits(common)])
     return rows

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,21 @@ class DemoNode:
     process: asyncio.subprocess.Process | None = None
     kubelet: KubeletSimulator | None = None
     started_at: float = 0.0
+    launched_at: float = 0.0
+    """When the process was launched, by the wall clock its log's timestamps use."""
     ready_drivers: list[str] = field(default_factory=list)
     ready_after: float | None = None
+    """Seconds from the launch to every pool complete and registered with the kubelet."""
+    set_up: float | None = None
+    """Seconds from the launch to the agent's start-up line: the interpreter, and building the simulated node (on
+    this machine's first run, compiling the simulated NVML library too). What follows is the agent's own start."""
+
+    @property
+    def agent_start(self) -> float | None:
+        """Seconds from the agent's start-up line to ready: what a real node's agent takes."""
+        if self.ready_after is None or self.set_up is None:
+            return None
+        return self.ready_after - self.set_up
 
     @property
     def sim_root(self) -> Path:
@@ -124,10 +138,13 @@ def _yaml(path: Path) -> JsonObject:
 class DemoCluster:
     """The API server, the allocator and the nodes; `DemoCluster.open()` starts and stops them."""
 
-    def __init__(self, server: TestApiServer, allocator: Allocator, workdir: Path, kubeconfig: Path) -> None:
+    def __init__(self, server: TestApiServer, allocator: Allocator, workdir: Path, kubeconfig: Path, *,
+                 kept: bool = False) -> None:
         self.server = server
         self.allocator = allocator
         self.workdir = workdir
+        self.kept = kept
+        """Whether the workdir outlives the demo (--keep): only then may a message point to a file in it."""
         self.kubeconfig = kubeconfig
         self.nodes: dict[str, DemoNode] = {}
         self._stack = AsyncExitStack()
@@ -141,7 +158,7 @@ class DemoCluster:
                 kubeconfig = server.write_kubeconfig(folder / "kubeconfig")
                 allocator = await Allocator.connect(kubeconfig)
                 stack.push_async_callback(allocator.close)
-                cluster = cls(server, allocator, folder, kubeconfig)
+                cluster = cls(server, allocator, folder, kubeconfig, kept=workdir is not None)
                 stack.push_async_callback(cluster._stop_nodes)
                 yield cluster
 
@@ -167,7 +184,7 @@ class DemoCluster:
     async def _start(self, node: DemoNode) -> None:
         env = {**os.environ, **node.settings, "DRA_AGENT_BACKEND_CONFIG": json.dumps(node.backend_config)}
         with node.log.open("ab") as log:
-            node.started_at = time.monotonic()
+            node.started_at, node.launched_at = time.monotonic(), time.time()
             node.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agent", "run", *node.flags(self.kubeconfig), env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
@@ -178,24 +195,32 @@ class DemoCluster:
                 for driver in node.ready_drivers:
                     await node.kubelet.wait_for_plugin(driver, timeout=START_TIMEOUT)
         except TimeoutError:
-            raise DemoError(f"the agent on node {node.name} was not ready within {START_TIMEOUT:g} s; its log: "
-                            f"{node.log}") from None
+            raise DemoError(f"the agent on node {node.name} was not ready within {START_TIMEOUT:g} s; "
+                            + self._log_of(node)) from None
 
     async def _ready(self, node: DemoNode) -> list[str]:
         """The drivers the agent said it serves, once their pools are complete in the API server."""
         while True:
             assert node.process is not None
             if node.process.returncode is not None:
-                raise DemoError(f"the agent on node {node.name} exited with {node.process.returncode}; its log: "
-                                f"{node.log}\n{_tail(node.log)}")
+                raise DemoError(f"the agent on node {node.name} exited with {node.process.returncode}; "
+                                + self._log_of(node))
             ready = [e for e in node.log_events() if e.get("event") == "ready"]
             if ready:
                 drivers: list[str] = ready[0].get("drivers") or []
                 if all(self.pool_complete(node.name, d) for d in drivers):
                     node.ready_after = time.monotonic() - node.started_at
+                    node.set_up = _set_up(node)
                     return drivers
             # The agent's log is a file it appends to: nothing to wait on but time.
             await asyncio.sleep(0.02)
+
+    def _log_of(self, node: DemoNode) -> str:
+        """The end of a node's agent log, and where the whole of it stays when it does (a temporary workdir is
+        removed when the demo ends, before anyone could read it)."""
+        where = (f"its log: {node.log}" if self.kept
+                 else "the end of its log (run with --keep DIR to keep the whole of it)")
+        return f"{where}\n{_tail(node.log)}"
 
     async def _stop_nodes(self) -> None:
         for node in self.nodes.values():
@@ -281,6 +306,15 @@ def _ref(claim: Mapping[str, Any]) -> ClaimRef:
 def _drivers(claim: Mapping[str, Any]) -> list[str]:
     results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or ()
     return sorted({r["driver"] for r in results})
+
+
+def _set_up(node: DemoNode) -> float | None:
+    """Seconds from the node's launch to its agent's start-up line, by the line's timestamp."""
+    for event in node.log_events():
+        if event.get("event") == "starting" and "timestamp" in event:
+            stamp = datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
+            return max(0.0, stamp - node.launched_at)
+    return None
 
 
 def _tail(path: Path, lines: int = 20) -> str:

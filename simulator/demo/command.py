@@ -26,6 +26,7 @@ from simulator.demo.scenarios import GKE_NODES, aligned_nic, all_gpus, readiness
 from simulator.demo.story import Story
 from simulator.demo.workload import SHARED_CONFIG, claim_status, gpu_shares, vf_interface, vm_metadata
 from simulator.kubelet_connection import KubeletError
+from simulator.node.profile import ProfileError, load_profile
 from simulator.scheduler.allocation import Unallocatable
 
 DEFAULT_PROFILE = "dgx-h100"
@@ -116,6 +117,11 @@ def plan_for(profile: str | None, scenarios: Sequence[str]) -> Plan:
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown:
         raise DemoError(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if profile is not None:
+        try:  # before anything starts: an agent on an unknown profile would only fail later, less clearly
+            load_profile(profile)
+        except ProfileError as e:
+            raise DemoError(str(e)) from None
     return Plan(tuple(dict.fromkeys(chosen)), profile or DEFAULT_PROFILE)
 
 

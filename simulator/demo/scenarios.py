@@ -4,6 +4,7 @@ aligned with a NIC by PCIe topology. Each tells what it does, does it for real a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from agent.claims.results import ClaimResult
@@ -37,27 +38,36 @@ async def readiness(cluster: DemoCluster, story: Story, nodes: Sequence[DemoNode
             slices = cluster.slices(node.name, driver)
             devices = sum(len(s["spec"].get("devices") or ()) for s in slices)
             counters = sum(len(s["spec"].get("sharedCounters") or ()) for s in slices)
-            rows.append([node.name, node.profile.rsplit("/", 1)[-1], driver, len(slices), devices, counters,
-                         f"{node.ready_after:.2f} s" if node.ready_after is not None else "-"])
-    story.table(["node", "profile", "driver", "slices", "devices", "counter sets", "ready after"], rows)
+            rows.append([node.name, Path(node.profile).name.removesuffix(".yaml"), driver, len(slices), devices,
+                         counters, _seconds(node.set_up, 1), _seconds(node.agent_start)])
+    story.table(["node", "profile", "driver", "slices", "devices", "counters", "set-up", "agent"], rows)
+    story.say("set-up: from launching `dra-agent run` to its start-up line: Python and its imports, and building "
+              "the simulated node (its sysfs tree and kernel), for all nodes at once on this machine's CPUs; a "
+              "first run also compiles the modules to bytecode and the simulated NVML library. agent: from that "
+              "line until every pool is complete and registered with the kubelet, the part a real node's agent "
+              "has too.")
     story.step("A few of the published devices, with attributes the claims below select on (every PCI device "
                "gets the same topology attributes, whatever its driver):")
     sample = []
     for node in nodes:
         for driver in node.ready_drivers:
             for device in cluster.devices(node.name, driver)[:2]:
-                values = [attribute(device, a) for a in ("type", "productName", "pfName", PCIE_ROOT, PCIE_SWITCH,
+                values = [attribute(device, a) for a in ("productName", "pfName", PCIE_ROOT, PCIE_SWITCH,
                                                          NUMA_NODE)]
-                kind, product, pf, *topology = ("" if v is None else str(v) for v in values)
-                sample.append([node.name, device["name"], kind, product or pf, *topology])
-    story.table(["node", "device", "type", "product / PF", "pcieRoot", "pcieSwitch", "numaNode"], sample)
+                product, pf, *topology = ("" if v is None else str(v) for v in values)
+                sample.append([node.name, device["name"], product or pf, *topology])
+    story.table(["node", "device", "product / PF", "pcieRoot", "pcieSwitch", "NUMA"], sample)
     for node in nodes:
         complete = [d for d in node.ready_drivers if cluster.pool_complete(node.name, d)]
         registered = [d for d in node.ready_drivers if node.kubelet is not None and node.kubelet.plugins(d)]
         story.check(bool(node.ready_drivers) and complete == node.ready_drivers and registered == complete,
                     f"{node.name}: {len(complete)} pool(s) complete and registered with the kubelet "
-                    f"{node.ready_after or 0:.2f} s after the agent started",
+                    f"{_seconds(node.agent_start)} after its start-up line",
                     otherwise=f"complete {complete}, registered {registered}, served {node.ready_drivers}")
+
+
+def _seconds(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f} s"
 
 
 async def all_gpus(cluster: DemoCluster, story: Story) -> None:
@@ -171,15 +181,15 @@ async def show_prepared(cluster: DemoCluster, story: Story, node: str, name: str
                        otherwise=str(errors)):
         return
     story.detail("the kubelet passes these CDI device IDs to the container runtime:")
-    story.table(["device", "CDI device ID"], [[d.device, ", ".join(d.cdi_device_ids)]
-                                             for a in answers.values() for d in a.devices], indent=6)
+    for device in (d for a in answers.values() for d in a.devices):
+        story.detail(f"  {device.device}: {', '.join(device.cdi_device_ids)}")
     uid = cluster.claim(name)["metadata"]["uid"]
     here = cluster.nodes[node]
     files = here.cdi_files(uid)
     if story.check(len(files) == len(answers), "the claim's CDI spec(s) are written: one per driver"):
         story.detail("and the specs give the container:")
         rows = [row for path in files for row in cdi_summary(here.read_cdi(path))]
-        story.table(["CDI device", "container edits"], rows, indent=6)
+        story.table(["CDI device (k8s.<driver>/claim=)", "container edits"], rows, indent=6)
 
 
 async def unprepare_and_release(cluster: DemoCluster, story: Story, name: str, node: str) -> None:

@@ -85,8 +85,8 @@ async def vm_metadata(cluster: DemoCluster, story: Story, node: str) -> None:
               "(KubeVirt's virt-launcher) is given a GPU on vfio-pci and must know its PCI address to build the "
               "VM; /dev/vfio/<group> alone does not say it. For each request of a prepared claim the agent writes "
               "a metadata file (DeviceMetadata, metadata.resource.k8s.io/v1alpha1) and a CDI spec that mounts it "
-              f"read-only at {METADATA_DIR}/resourceclaims/<claim>/<request>/<driver>-metadata.json; the kubelet "
-              "hands the mount to the runtime with the device's own CDI ID.")
+              f"read-only at {METADATA_DIR}/resourceclaims/<claim>/<request>/<driver>-metadata.json (a path "
+              "longer than some lines). The kubelet hands the mount to the runtime with the device's own CDI ID.")
     spec = claim_spec(request("gpu", "gpu.nvidia.com"), config=[opaque(GPU, ["gpu"], VFIO)])
     show_claim(story, "vm", spec)
     cluster.create_claim("vm", spec)
@@ -161,10 +161,10 @@ async def gpu_shares(cluster: DemoCluster, story: Story, node: str) -> None:
                      answers[GPU].error or "prepared"])
     story.step("Two claims for 30Gi of that GPU, each allocated and prepared:")
     story.table(["claim", "device", "shareID", "consumed memory", "prepare"], rows)
-    story.detail("each share's CDI device is <claim UID>-<device>-<shareID>:")
+    story.detail(f"each share's CDI device, of kind k8s.{GPU}/claim, is named <claim UID>-<device>-<shareID>:")
     for _, _, devices in shares.values():
         for cdi_id in (i for d in devices for i in d.cdi_device_ids):
-            story.detail(f"  {cdi_id}")
+            story.detail(f"  {cdi_id.partition('=')[2]}")
     (a, a_error, a_devices), (b, b_error, b_devices) = shares["share-a"], shares["share-b"]
     ids = [i for d in (*a_devices, *b_devices) for i in d.cdi_device_ids]
     story.check(not a_error and not b_error and a.device == b.device and a.share_id != b.share_id
