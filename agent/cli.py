@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from agent import __version__
 from agent.logs import configure_logging, get_logger
+from agent.node.simulated import PROFILES
 from agent.settings import ENV_PREFIX, Settings, SettingsError, load_settings
 
 __all__ = ["build_parser", "main"]
@@ -36,7 +37,8 @@ def _common_options() -> argparse.ArgumentParser:
                        help="Kubernetes node name (env NODE_NAME; default: profile name when simulating, "
                             "else the host name)")
     group.add_argument("--simulate", metavar="PROFILE",
-                       help="run on a simulated node: a built-in profile name or a profile YAML file")
+                       help="run on a simulated node: a profile YAML file or a built-in profile: "
+                            + ", ".join(PROFILES))
     group.add_argument("--sim-root", dest="sim_root", type=Path, metavar="DIR",
                        help="keep the simulated node in DIR and reuse it on later runs (default: temporary)")
     group.add_argument("--sysfs-root", dest="sysfs_root", type=Path, metavar="DIR", help="sysfs root (/sys)")
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "publish, for every driver, chunked within the API limits.",
     )
     discover.add_argument("-o", "--output", choices=("yaml", "json", "table"), default="yaml")
-    discover.set_defaults(handler=discover_command)
+    discover.set_defaults(handler=discover_command, command_parser=discover)
 
     backends = commands.add_parser(
         "backends", parents=[common], help="list installed backends and what they found",
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     backends.add_argument("--check", dest="handler", action="store_const", const=check_command,
                           help="run the conformance kit's static checks on each enabled backend (contract, typed "
                                "settings, discovery passes the API server's rules, stable names); exit 1 if one fails")
-    backends.set_defaults(handler=backends_command)
+    backends.set_defaults(handler=backends_command, command_parser=backends)
 
     run = commands.add_parser(
         "run", parents=[common], help="run the node agent",
@@ -126,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--device-metadata", dest="device_metadata", action=argparse.BooleanOptionalAction,
                        default=None, help="give containers a device metadata file per claim request (KEP-5304), "
                                           "mounted through CDI; needs a kubelet of Kubernetes 1.34 or later (off)")
-    run.set_defaults(handler=run_command, output=None)
+    run.set_defaults(handler=run_command, output=None, command_parser=run)
 
     demo = commands.add_parser(
         "demo", help="show the path of a claim on simulated nodes, end to end",
@@ -136,18 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "behaved.",
     )
     demo.add_argument("--profile", metavar="PROFILE",
-                      help="node profile (built-in name or YAML file) of the main node; alone, a tour of its devices")
+                      help="node profile of the main node, a YAML file or a built-in profile: "
+                           f"{', '.join(PROFILES)}; alone, a tour of its devices")
     demo.add_argument("--scenario", dest="scenarios", action="append", default=[], metavar="NAME",
                       help="run this scenario (repeatable): readiness, all-gpus, aligned-nic, mig, vfio, health, "
                            "extended-gpu, claim-status, vm-metadata, gpu-shares, vf-interface, tour "
                            "(default: all but tour)")
     demo.add_argument("--keep", type=Path, metavar="DIR", help="keep the nodes' files (agent logs, CDI specs) here")
     demo.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour (auto: on a TTY)")
+    demo.set_defaults(command_parser=demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # argparse would blame the top-level command and print its usage
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "demo":
         from agent.node.simulated import run_demo
 
@@ -159,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(flags, os.environ, Path(config) if config else None)
     except SettingsError as e:
         print(f"dra-agent: {e}", file=sys.stderr)
+        return 2
+    from agent.node.plugins import unknown_backends  # package metadata only: no backend is imported
+
+    problem = unknown_backends(settings.backends)
+    if problem:
+        print(f"dra-agent: {problem}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
     handler: Command = args.handler

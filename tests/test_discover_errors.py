@@ -108,11 +108,11 @@ def test_host_without_supported_hardware(run_cli: Callable[..., CliResult], scra
     assert "No supported devices found on node plain" in result.err
 
 
-def test_no_usable_backend_is_a_failure(run_cli: Callable[..., CliResult]) -> None:
+def test_a_backend_no_package_provides_is_bad_input(run_cli: Callable[..., CliResult]) -> None:
     result = run_cli("discover", "--simulate", "gke-g2-l4", "--backends", "fpga", "--log-format", "json")
-    assert result.code == 1
-    assert '"backend": "fpga"' in result.err and "no installed package provides it" in result.err
-    assert "no backend could run" in result.err
+    assert result.code == 2
+    assert "unknown backend(s) fpga; installed backends: nvidia-gpu, nvidia-mig, sriov-nic, tpu" in result.err
+    assert result.out == ""
 
 
 def test_invalid_settings(run_cli: Callable[..., CliResult]) -> None:

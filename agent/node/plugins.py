@@ -16,7 +16,8 @@ from typing import Any, cast
 from agent.kube.names import is_driver_name
 from backends.contract import Backend
 
-__all__ = ["GROUP", "FoundPlugin", "LoadedPlugin", "PluginFailure", "check_backend", "find_plugins", "load_plugins"]
+__all__ = ["GROUP", "FoundPlugin", "LoadedPlugin", "PluginFailure", "check_backend", "find_plugins", "load_plugins",
+           "unknown_backends"]
 
 GROUP = "dra_agent.backends"
 _OWN = "dra-agent"
@@ -83,6 +84,19 @@ def find_plugins() -> tuple[list[FoundPlugin], list[PluginFailure]]:
             continue  # the same distribution seen twice on sys.path
         found[ep.name] = FoundPlugin(ep.name, dist, version, ep)
     return list(found.values()), failures
+
+
+def unknown_backends(enabled: Collection[str] | None) -> str | None:
+    """Why the enabled backend names cannot all be served, naming those no installed package provides and the
+    installed ones; None when every name is installed (or none is given: every installed backend)."""
+    if enabled is None:
+        return None
+    installed = {p.name for p in find_plugins()[0]}
+    unknown = [name for name in enabled if name not in installed]
+    if not unknown:
+        return None
+    return (f"unknown backend(s) {', '.join(unknown)}; installed backends: "
+            f"{', '.join(sorted(installed)) or 'none'}")
 
 
 def load_plugins(

@@ -13,7 +13,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SimulatedHost", "SimulatorError", "open_node", "reexec_under_preload", "run_demo", "udev_reaches"]
+__all__ = ["PROFILES", "SimulatedHost", "SimulatorError", "open_node", "reexec_under_preload", "run_demo",
+           "udev_reaches"]
+
+PROFILES = ("a2-highgpu-1g", "dgx-h100", "gke-g2-l4", "gke-n1-p4x4", "gke-n1-t4x2", "mixed", "tpu-v5e-8")
+"""The simulator's built-in node profiles, named here so that `--help` lists them without loading the simulator
+(tests/test_cli_errors.py checks they are the simulator's)."""
 
 
 class SimulatorError(Exception):
