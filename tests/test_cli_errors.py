@@ -3,6 +3,7 @@ and the exit status docs/configuration.md documents (2 for bad input), before an
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,9 @@ from tests.timing import scaled
 BAD_INPUT = 2
 
 
-def dra_agent(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def dra_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`dra-agent ARGS` as a process, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, env=env,
                           timeout=scaled(60))
 
 
@@ -31,6 +32,15 @@ def test_a_missing_kubeconfig_is_named_before_anything_starts(scratch: Path) -> 
     assert f"kubeconfig {missing} does not exist" in done.stderr
     assert "current-context" not in done.stderr
     assert not (scratch / "state").exists(), "nothing was started"
+
+
+def test_no_credentials_at_all_says_where_they_were_looked_for(scratch: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBECONFIG", "DRA_AGENT_KUBECONFIG", "KUBERNETES_SERVICE_HOST")} | {"HOME": str(scratch)}
+    done = dra_agent("run", "--simulate", "gke-g2-l4", "--log-format", "json", env=env)
+    assert done.returncode == BAD_INPUT, done.stderr
+    assert (f"no Kubernetes credentials: not in a cluster (no service account token) and no kubeconfig at "
+            f"{scratch}/.kube/config; give --kubeconfig FILE or set KUBECONFIG") in done.stderr
 
 
 def test_an_invalid_kubeconfig_says_what_is_wrong_with_it(scratch: Path) -> None:
