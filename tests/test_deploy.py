@@ -107,7 +107,8 @@ def agent_drivers() -> set[str]:
 
 def test_manifests_are_there_in_apply_order() -> None:
     top = sorted(p.name for p in DEPLOY.glob("*.yaml"))
-    assert top == ["00-namespace.yaml", "10-rbac.yaml", "20-daemonset.yaml", "30-deviceclasses.yaml"]
+    assert top == ["00-namespace.yaml", "10-rbac.yaml", "20-daemonset.yaml", "30-deviceclasses.yaml",
+                   "40-admission-policy.yaml"]
     assert len(list((DEPLOY / "examples").glob("*.yaml"))) >= 5
     # The namespace, then what refers to it: kubectl applies the files in name order.
     assert _of_kind("Namespace", None) == [doc for where, doc in DOCUMENTS if where.startswith("00-")]
