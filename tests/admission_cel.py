@@ -1,5 +1,6 @@
-"""A ValidatingAdmissionPolicy evaluated with cel-python as the API server evaluates it: its variables in order
-(`variables.<name>`), then each validation; a failing one gives its `messageExpression` (or, when that fails,
+"""A ValidatingAdmissionPolicy evaluated with cel-python as the API server evaluates it on a CREATE: `object` and
+`request.kind` (from the object's apiVersion and kind), its variables in order (`variables.<name>`), then each
+validation; a failing one gives its `messageExpression` (or, when that fails,
 its `message`). An expression that fails to evaluate fails its validation, as with `failurePolicy: Fail`."""
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ class Evaluation:
 def evaluate(policy: Mapping[str, Any], obj: Mapping[str, Any]) -> Evaluation:
     spec = policy["spec"]
     variables: dict[str, Any] = {}
-    activation: dict[str, Any] = {"object": celpy.json_to_cel(dict(obj)), "variables": celtypes.MapType()}
+    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+    request = {"kind": {"group": group, "version": version, "kind": obj.get("kind", "")}, "operation": "CREATE"}
+    activation: dict[str, Any] = {"object": celpy.json_to_cel(dict(obj)), "request": celpy.json_to_cel(request),
+                                  "variables": celtypes.MapType()}
     for variable in spec.get("variables", ()):
         activation["variables"] = celtypes.MapType(
             {celtypes.StringType(k): v for k, v in variables.items()})

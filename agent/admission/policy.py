@@ -36,9 +36,10 @@ _HEADER = """\
 # refuse at prepare (see docs/deploy.md). Needs ValidatingAdmissionPolicy (GA in Kubernetes 1.30).
 """
 
-# Where the config entries are, in each resource the policy matches.
+# Where the config entries are, in each resource the policy matches. The request's kind, not the object's: an
+# object converted from the version the client used need not carry its kind.
 _CONFIGS = (
-    "object.kind == 'ResourceClaimTemplate'"
+    "request.kind.kind == 'ResourceClaimTemplate'"
     " ? (has(object.spec.spec) && has(object.spec.spec.devices) && has(object.spec.spec.devices.config)"
     " ? object.spec.spec.devices.config : [])"
     " : (has(object.spec.devices) && has(object.spec.devices.config) ? object.spec.devices.config : [])"
