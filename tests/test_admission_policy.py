@@ -100,6 +100,14 @@ def test_the_binding_denies_with_the_policy() -> None:
                                                                    ["CREATE"])]
 
 
+def test_messages_are_single_lines_naming_a_field() -> None:
+    """The API server refuses a message with a line break; the tests below read the field from each message."""
+    for validation in POLICY["spec"]["validations"]:
+        for text in (validation["message"], validation.get("messageExpression", "")):
+            assert "\n" not in text and "\r" not in text
+        assert MESSAGE.fullmatch(validation["message"]), validation["message"]
+
+
 def test_every_driver_of_the_agent_is_covered() -> None:
     assert set(DRIVERS) == {GPU, SRIOV, TPU}
     assert {m.KIND for m in DRIVERS[GPU]} == {"GpuConfig", "VfioConfig"}
