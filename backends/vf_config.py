@@ -9,17 +9,40 @@ pod (`net%d`), as the OCI runtime spec allows.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backends.config import CONFIG_API_VERSION, OpaqueConfig
 from backends.vfio import VfioConfig
 
-__all__ = ["IFNAMSIZ", "NetDeviceRequest", "VfConfig", "interface_name_problem"]
+__all__ = ["IFNAMSIZ", "INTERFACE_NAME_SCHEMA", "NetDeviceRequest", "VfConfig", "interface_name_problem"]
 
 IFNAMSIZ = 16
 """The kernel's buffer for an interface name, its terminating NUL included: names have at most 15 bytes."""
+
+# What an interface name cannot contain: `/`, `:`, NUL and whitespace (what str.isspace() calls whitespace).
+_SPACES = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+           "\u200a\u2028\u2029\u202f\u205f\u3000")
+_FORBIDDEN = frozenset("/:\0" + _SPACES)
+
+
+def _regex_class(chars: str) -> str:
+    """Characters as a regular expression class body that RE2 (Kubernetes CEL), Python and ECMA-262 all read the
+    same way: Latin-1 ones as `\\xhh`, others as themselves (RE2 has no `\\uhhhh`)."""
+    return "".join(f"\\x{ord(c):02x}" if ord(c) < 0x100 else c for c in sorted(chars))
+
+
+_NOT_IN_NAME = _regex_class("%" + "".join(_FORBIDDEN))
+INTERFACE_NAME_SCHEMA: dict[str, Any] = {
+    "minLength": 1,
+    "x-maxBytes": IFNAMSIZ - 1,
+    "pattern": f"^[^{_NOT_IN_NAME}]*(%d[^{_NOT_IN_NAME}]*)?$",
+    "not": {"enum": [".", ".."]},
+    "description": "an interface name: no `/`, `:`, NUL or whitespace, and no `%` but one `%d`",
+}
+"""`interface_name_problem` in JSON schema terms, for the admission policy: `x-maxBytes` is the length in UTF-8 bytes
+(JSON schema counts characters)."""
 
 
 def interface_name_problem(name: str) -> str | None:
@@ -31,7 +54,7 @@ def interface_name_problem(name: str) -> str | None:
         return f"an interface name has at most {IFNAMSIZ - 1} bytes, {name!r} has {size}"
     if name in (".", ".."):
         return f"{name!r} is not an interface name"
-    bad = sorted({c for c in name if c in "/:" or c.isspace() or c == "\0"})
+    bad = sorted({c for c in name if c in _FORBIDDEN})
     if bad:
         return f"an interface name cannot contain {', '.join(repr(c) for c in bad)}"
     # The kernel fills in one number where the name has `%d`, and refuses any other `%`.
@@ -45,7 +68,8 @@ class NetDeviceRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(max_length=64)  # the kernel's limit is checked below, with a message of its own
+    # The kernel's limit is checked below, with a message of its own.
+    name: str = Field(max_length=64, json_schema_extra=INTERFACE_NAME_SCHEMA)
 
     @field_validator("name")
     @classmethod

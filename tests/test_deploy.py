@@ -114,7 +114,7 @@ def agent_drivers() -> set[str]:
 def test_the_base_lists_every_manifest() -> None:
     listed = [path.name for path in _base_files()]
     assert {"00-namespace.yaml", "10-rbac.yaml", "20-daemonset.yaml", "25-metrics-service.yaml",
-            "30-deviceclasses.yaml"} <= set(listed)
+            "30-deviceclasses.yaml", "40-admission-policy.yaml"} <= set(listed)
     # A manifest left out of the kustomization would never be applied.
     on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert on_disk == set(listed), f"not listed in deploy/base/kustomization.yaml: {on_disk - set(listed)}"

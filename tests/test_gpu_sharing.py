@@ -95,13 +95,12 @@ async def test_without_sharing_the_compute_mode_is_left_as_it_is(scratch: Path) 
 
 
 @pytest.mark.parametrize(("sharing", "message"), [
-    ({"strategy": "MPS"}, "GpuConfig.sharing.MPS: Value error, MPS is not supported: it needs an MPS control daemon "
-                          "per claim with its pipe and log directories mounted into the containers"),
-    ({"strategy": "RoundRobin"}, "GpuConfig.sharing: Input tag 'RoundRobin' found using 'strategy' does not match "
-                                 "any of the expected tags: 'TimeSlicing', 'ExclusiveProcess', 'MPS'"),
-    ({"strategy": "TimeSlicing", "interval": "Long"},
-     "GpuConfig.sharing.TimeSlicing.interval: Extra inputs are not permitted"),
-    ({}, "GpuConfig.sharing: Unable to extract tag using discriminator 'strategy'"),
+    ({"strategy": "MPS"}, "GpuConfig.sharing.strategy: Value error, MPS is not supported: it needs an MPS control "
+                          "daemon per claim with its pipe and log directories mounted into the containers"),
+    ({"strategy": "RoundRobin"}, "GpuConfig.sharing.strategy: Input tag 'RoundRobin' found using 'strategy' does not "
+                                 "match any of the expected tags: 'TimeSlicing', 'ExclusiveProcess', 'MPS'"),
+    ({"strategy": "TimeSlicing", "interval": "Long"}, "GpuConfig.sharing.interval: Extra inputs are not permitted"),
+    ({}, "GpuConfig.sharing.strategy: Unable to extract tag using discriminator 'strategy'"),
     ("TimeSlicing", "GpuConfig.sharing: Input should be a valid dictionary"),
 ])
 async def test_invalid_sharing_fails_the_claim_naming_the_field(scratch: Path, sharing: Any, message: str) -> None:

@@ -33,6 +33,7 @@ AGENT_PARTS: dict[str, set[str]] = {
     "claims": {"kube"},
     "kubelet": {"claims", "node"},
     "events": {"kube", "node", "slices"},
+    "admission": {"node"},
 }
 AGENT_BELOW_EVERY_PART = {"agent.logs", "agent.metrics", "agent.settings"}
 

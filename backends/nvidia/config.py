@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backends.config import CONFIG_API_VERSION, BackendConfig, OpaqueConfig
 from backends.nvidia.driver_files import Capability
@@ -102,17 +102,21 @@ class ExclusiveProcess(_Strategy):
     strategy: Literal["ExclusiveProcess"]
 
 
+_MPS_REFUSED = ("MPS is not supported: it needs an MPS control daemon per claim with its pipe and log directories "
+                "mounted into the containers, which dra-agent does not run; use TimeSlicing or ExclusiveProcess")
+
+
 class Mps(_Strategy):
     """`strategy: MPS`: refused. CUDA MPS needs a control daemon per claim and its pipe and log directories
     mounted into every container, which the agent does not run."""
 
-    strategy: Literal["MPS"]
+    # `not: {}` (nothing is valid) carries the refusal into the JSON schema the admission policy is made from.
+    strategy: Literal["MPS"] = Field(json_schema_extra={"not": {}, "description": _MPS_REFUSED})
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> Mps:
-        raise ValueError("MPS is not supported: it needs an MPS control daemon per claim with its pipe and log "
-                         "directories mounted into the containers, which dra-agent does not run; use TimeSlicing "
-                         "or ExclusiveProcess")
+    @field_validator("strategy")
+    @classmethod
+    def _unsupported(cls, strategy: str) -> str:
+        raise ValueError(_MPS_REFUSED)
 
 
 Sharing = Annotated[TimeSlicing | ExclusiveProcess | Mps, Field(discriminator="strategy")]

@@ -1,0 +1,76 @@
+"""A ValidatingAdmissionPolicy evaluated with cel-python as the API server evaluates it on a CREATE: `object` and
+`request.kind` (from the object's apiVersion and kind), its variables in order (`variables.<name>`), then each
+validation; a failing one gives its `messageExpression` (or, when that fails,
+its `message`). An expression that fails to evaluate fails its validation, as with `failurePolicy: Fail`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import celpy
+from celpy import celtypes
+
+__all__ = ["Evaluation", "evaluate"]
+
+_ENV = celpy.Environment()
+
+
+@functools.cache
+def _program(expression: str) -> celpy.Runner:
+    return _ENV.program(_ENV.compile(expression))
+
+
+def _run(expression: str, activation: Mapping[str, Any]) -> Any:
+    return _program(expression).evaluate(dict(activation))
+
+
+class Evaluation:
+    """What a policy says of one object: `messages` of the failing validations (empty: admitted), and `errors`,
+    the validations whose expression could not be evaluated (each also a failure)."""
+
+    def __init__(self, messages: list[str], errors: list[str]) -> None:
+        self.messages, self.errors = messages, errors
+
+    @property
+    def admitted(self) -> bool:
+        return not self.messages
+
+
+def evaluate(policy: Mapping[str, Any], obj: Mapping[str, Any]) -> Evaluation:
+    spec = policy["spec"]
+    variables: dict[str, Any] = {}
+    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+    request = {"kind": {"group": group, "version": version, "kind": obj.get("kind", "")}, "operation": "CREATE"}
+    activation: dict[str, Any] = {"object": celpy.json_to_cel(dict(obj)), "request": celpy.json_to_cel(request),
+                                  "variables": celtypes.MapType()}
+    for variable in spec.get("variables", ()):
+        activation["variables"] = celtypes.MapType(
+            {celtypes.StringType(k): v for k, v in variables.items()})
+        value = _run(variable["expression"], activation)
+        if isinstance(value, celpy.CELEvalError):
+            raise AssertionError(f"variable {variable['name']}: {value}")
+        variables[variable["name"]] = value
+    activation["variables"] = celtypes.MapType({celtypes.StringType(k): v for k, v in variables.items()})
+    messages: list[str] = []
+    errors: list[str] = []
+    for validation in spec["validations"]:
+        try:
+            verdict = _run(validation["expression"], activation)
+        except celpy.CELEvalError as e:
+            verdict = e
+        if verdict is True or verdict == celtypes.BoolType(True):
+            continue
+        if not isinstance(verdict, celtypes.BoolType):
+            errors.append(f"{validation['expression']}: {verdict}")
+        message = validation["message"]
+        if "messageExpression" in validation:
+            try:
+                said = _run(validation["messageExpression"], activation)
+                if isinstance(said, str):
+                    message = str(said)
+            except celpy.CELEvalError:
+                pass
+        messages.append(message)
+    return Evaluation(messages, errors)
