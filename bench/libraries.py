@@ -204,7 +204,9 @@ def quantities(runs: int) -> None:
             value = parse(text)
         except (ValueError, ArithmeticError) as e:
             return f"refused ({type(e).__name__})"
-        return str(value) if isinstance(value, Decimal) and not value.is_finite() else str(Fraction(value))
+        if isinstance(value, Decimal) and (not value.is_finite() or abs(value.adjusted()) > 100):
+            return str(value)  # not a number, or too large to turn into a fraction here
+        return str(Fraction(value))
 
     print("quantities: where the two differ (text: ours | kubernetes):")
     for text in PROBES:
