@@ -3,13 +3,17 @@
 Three parts, each measured against the hand-written code back to back:
 
 - imports: in fresh interpreters that have loaded what `dra-agent run` loads (bench/imports.py's list), the time,
-  the modules and the resident memory that importing each candidate adds, the variants alternating run by run;
+  the modules and the resident memory that importing each candidate adds, the variants alternating run by run
+  (pydantic-settings is on that path since the agent uses it: the settings part measures it);
 - rtnetlink: opening a socket bound to link changes (ours, pyroute2's `IPRoute` + `bind`), the memory that adds,
   and decoding the link messages of a real dump of this namespace's links (ours, pyroute2's `MarshalRtnl`);
+- settings: importing agent.settings and resolving a config file, the environment and flags, against another
+  checkout's (`--baseline DIR`, e.g. a `git worktree` of the commit before pydantic-settings);
 - quantities: the time per call of `parse_quantity` on the texts the agent reads (ours, the Kubernetes client's),
   and the texts on which the two disagree about what is a quantity or what it is worth.
 
-    python bench/libraries.py [--runs 11] [--part imports|rtnetlink|quantities]
+    python bench/libraries.py [--runs 11] [--part imports|rtnetlink|quantities|settings]
+                                [--baseline DIR]
 
 pyroute2 and pydantic-settings are not the agent's dependencies: `pip install pyroute2 pydantic-settings` first.
 The rtnetlink part opens netlink sockets of this process's network namespace (no privilege needed).
@@ -19,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -40,7 +46,6 @@ IMPORTS: dict[str, tuple[str | None, str]] = {
     "pyroute2 (whole package)": (None, "pyroute2"),
     "pyroute2 IPRoute only (package __init__ skipped)": ("pyroute2", "pyroute2.iproute.linux"),
     "pyroute2 link message parser only (package __init__ skipped)": ("pyroute2", "pyroute2.netlink.rtnl.marshal"),
-    "pydantic_settings": (None, "pydantic_settings"),
     "kubernetes.utils.quantity": (None, "kubernetes.utils.quantity"),
     "kubernetes.utils.quantity (kubernetes.utils __init__ skipped)": ("kubernetes.utils", "kubernetes.utils.quantity"),
 }
@@ -54,12 +59,13 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
 before_modules, before_rss = len(sys.modules), rss()
-began = time.perf_counter()
+began, cpu = time.perf_counter(), time.process_time()
 if {bypass!r} is not None:
     _package_without_its_init({bypass!r})
 import {module}
-took = time.perf_counter() - began
-print(json.dumps({{"ms": took * 1000, "modules": len(sys.modules) - before_modules, "kb": rss() - before_rss}}))
+took, cpu = time.perf_counter() - began, time.process_time() - cpu
+print(json.dumps({{"ms": took * 1000, "cpu": cpu * 1000, "modules": len(sys.modules) - before_modules,
+                  "kb": rss() - before_rss}}))
 """
 
 
@@ -76,8 +82,8 @@ def imports(runs: int) -> None:
             results[name].append(json.loads(done.stdout))
     print(f"\nimports on top of what `run` loads, {runs} fresh interpreters each, alternating (median, min-max):")
     for name, rows in results.items():
-        ms = [r["ms"] for r in rows]
-        print(f"  {name}: {median(ms):.1f} ms ({min(ms):.1f}-{max(ms):.1f}), "
+        ms, cpu = [r["ms"] for r in rows], [r["cpu"] for r in rows]
+        print(f"  {name}: {median(ms):.1f} ms ({min(ms):.1f}-{max(ms):.1f}; CPU {median(cpu):.1f}), "
               f"{median([r['modules'] for r in rows]):.0f} modules, "
               f"RSS +{median([r['kb'] for r in rows]) / 1024:.1f} MB")
 
@@ -216,10 +222,78 @@ def quantities(runs: int) -> None:
             print(f"  {text!r}: {a[:40]} | {b[:40]}")
 
 
+_SETTINGS_CHILD = """
+import json, os, statistics, sys, tempfile, time
+from pathlib import Path
+began, cpu = time.perf_counter(), time.process_time()
+import {run_path}
+imported, imported_cpu = time.perf_counter() - began, time.process_time() - cpu
+import agent.settings as settings
+config = Path(tempfile.mkdtemp()) / "agent.yaml"
+config.write_text({config!r})
+environ = dict(os.environ) | {environ!r}
+flags = {{"log_level": "info", "sysfs_root": None, "host_netns": None}}
+began = time.perf_counter()
+settings.load_settings(flags, environ, config)
+first = time.perf_counter() - began
+later = []
+for _ in range(50):
+    began = time.perf_counter()
+    settings.load_settings(flags, environ, config)
+    later.append(time.perf_counter() - began)
+os.unlink(config)
+print(json.dumps({{"file": settings.__file__, "import": imported * 1000, "cpu": imported_cpu * 1000,
+                  "first": first * 1000,
+                  "later": statistics.median(later) * 1000}}))
+"""
+# docs/configuration.md's example file, and what a DaemonSet sets
+_CONFIG = """node_name: gpu-node-17
+log_level: info
+backends: [nvidia-gpu, nvidia-mig, sriov-nic]
+driver_names:
+  gpu.nvidia.com: gpu.example.org
+backend_config:
+  nvidia-gpu:
+    ignoredXids: [13, 31, 43, 45, 68, 109, 94]
+  nvidia-mig:
+    mode: static
+"""
+_ENVIRON = {"NODE_NAME": "gpu-node-17", "DRA_AGENT_HOST_ROOT": "/host", "DRA_AGENT_SYSFS_ROOT": "/host/sys",
+            "DRA_AGENT_NO_EXECUTE": "gpu-lost,xid", "DRA_AGENT_BACKEND_CONFIG": '{"nvidia-mig": {"mode": "static"}}'}
+
+
+def settings_cost(runs: int, baseline: Path | None) -> None:
+    """Import what `run` loads and resolve a config file, the environment and flags, in fresh interpreters; with
+    `baseline`, alternating with that source tree's agent (another checkout of the repository). Both trees are
+    found through PYTHONPATH, the same way; compile both trees' bytecode first (`python -m compileall -q agent`),
+    as an installed package has it."""
+    trees: dict[str, Path | None] = {"this tree": Path(__file__).resolve().parent.parent}
+    if baseline is not None:
+        trees["baseline"] = baseline
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    code = _SETTINGS_CHILD.format(run_path=", ".join(RUN_PATH), config=_CONFIG, environ=_ENVIRON)
+    for _ in range(runs):
+        for name, tree in trees.items():
+            env = dict(os.environ)
+            if tree is not None:
+                env["PYTHONPATH"] = str(tree)
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                                  cwd=tempfile.gettempdir())
+            results[name].append(json.loads(done.stdout))
+    print(f"\nsettings: import what `run` loads, then load_settings (file, environment, flags), {runs} fresh "
+          "interpreters each, alternating (median, ms):")
+    for name, rows in results.items():
+        print(f"  {name} ({rows[0]['file']}): import {median([r['import'] for r in rows]):.1f} "
+              f"(CPU {median([r['cpu'] for r in rows]):.1f}), first "
+              f"load_settings {median([r['first'] for r in rows]):.2f}, later ones "
+              f"{median([r['later'] for r in rows]):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=11)
-    parser.add_argument("--part", choices=("all", "imports", "rtnetlink", "quantities"), default="all")
+    parser.add_argument("--part", choices=("all", "imports", "rtnetlink", "quantities", "settings"), default="all")
+    parser.add_argument("--baseline", type=Path, help="settings part: also measure this checkout's agent/settings.py")
     args = parser.parse_args()
     print(conditions())
     if args.part in ("all", "imports"):
@@ -228,6 +302,8 @@ def main() -> None:
         rtnetlink(args.runs)
     if args.part in ("all", "quantities"):
         quantities(args.runs)
+    if args.part in ("all", "settings"):
+        settings_cost(args.runs, args.baseline)
     print(conditions())
 
 
