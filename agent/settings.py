@@ -2,6 +2,10 @@
 
 Precedence is flags > environment > file > defaults. Environment names are `DRA_AGENT_<SETTING>` (upper case),
 plus the conventional `NODE_NAME` and `KUBECONFIG`. Errors name the setting, the value and where it came from.
+
+The environment and the file are read through pydantic-settings' sources (`EnvSettingsSource` with the
+`DRA_AGENT_` prefix, `YamlConfigSettingsSource`); `load_settings` layers them itself, one source at a time, so that
+an error can name the source of each value. A `Settings` made in code reads nothing but its arguments.
 """
 
 from __future__ import annotations
@@ -14,7 +18,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from agent.kube.names import is_dns_label, is_driver_name, is_node_name
 
@@ -29,10 +41,10 @@ class SettingsError(Exception):
     """The settings are invalid; the message lists every problem with its source."""
 
 
-class Settings(BaseModel):
+class Settings(BaseSettings):
     """Everything the agent is configured with."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix=ENV_PREFIX, case_sensitive=True)
 
     node_name: str | None = None
     """The Kubernetes node this agent serves; the pool name of every driver."""
@@ -162,6 +174,18 @@ class Settings(BaseModel):
                 raise ValueError(f"{new!r} is not a valid DRA driver name (a DNS subdomain of at most 63)")
         return v
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only the arguments: `load_settings` layers the file and the environment, to name each value's source.
+        return (init_settings,)
+
     @property
     def effective_driver_root(self) -> Path:
         """`driver_root`, or `host_root` when unset."""
@@ -190,13 +214,14 @@ def load_settings(
     if config_file is not None:
         for key, value in _read_file(config_file).items():
             values[key], origin[key] = value, f"config file {config_file}"
-    for key, (value, name) in _from_env(environ).items():
-        values[key], origin[key] = value, f"environment {name}"
+    environment = _Environment(environ)
+    for key, value in environment().items():
+        values[key], origin[key] = value, f"environment {environment.name_of(key)}"
     for key, value in flags.items():
         if value is not None:
             values[key], origin[key] = value, f"flag --{key.replace('_', '-')}"
     try:
-        return Settings.model_validate(values)
+        return Settings(**values)
     except ValidationError as e:
         lines = ["invalid settings:"]
         for err in e.errors():
@@ -210,40 +235,61 @@ def load_settings(
         raise SettingsError("\n".join(lines)) from None
 
 
-def _from_env(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
-    found: dict[str, tuple[Any, str]] = {}
-    for key, info in Settings.model_fields.items():
-        for name in (ENV_PREFIX + key.upper(), _CONVENTIONAL_ENV.get(key)):
-            if name and name in environ:
-                found[key] = (_parse_env(environ[name], info.annotation, name), name)
-                break
-    return found
+class _Environment(EnvSettingsSource):
+    """`DRA_AGENT_<SETTING>` from the given variables (upper case), then the conventional names; lists are
+    comma-separated and mappings are JSON objects."""
 
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._given = environ
+        super().__init__(Settings)
 
-def _parse_env(text: str, annotation: Any, name: str) -> Any:
-    """Environment values are text: lists are comma-separated, mappings are JSON objects."""
-    shape = str(annotation)
-    if shape.startswith("tuple"):
-        return tuple(part.strip() for part in text.split(",") if part.strip())
-    if shape.startswith("dict"):
+    def name_of(self, key: str) -> str:
+        """The variable that gave setting `key`."""
+        prefixed = ENV_PREFIX + key.upper()
+        return prefixed if prefixed in self._given else _CONVENTIONAL_ENV.get(key, prefixed)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        value = self._given.get(ENV_PREFIX + field_name.upper())
+        conventional = _CONVENTIONAL_ENV.get(field_name)
+        if value is None and conventional is not None:
+            value = self._given.get(conventional)
+        return value, field_name, False
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        if str(field.annotation).startswith("tuple"):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
         try:
-            return json.loads(text)
+            return json.loads(value)
         except json.JSONDecodeError as e:
+            name = self.name_of(field_name)
             raise SettingsError(f"invalid settings:\n  environment {name}: expected a JSON object: {e}") from None
-    return text
+
+
+class _File(YamlConfigSettingsSource):
+    """A YAML config file, which must exist and hold a mapping; its keys may be dashed (`node-name`)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(Settings, yaml_file=path)
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        path = Path(file_path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise SettingsError(f"config file {path} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise SettingsError(f"config file {path} must hold a mapping of setting names to values")
+        return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def _read_file(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        if not path.is_file():  # the source would skip it quietly, but a config file that was named must be read
+            path.open().close()  # raises why: no such file, a folder
+        return _File(path)()
     except OSError as e:
         raise SettingsError(f"cannot read config file {path}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SettingsError(f"config file {path} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SettingsError(f"config file {path} must hold a mapping of setting names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}

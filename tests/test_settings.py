@@ -125,3 +125,21 @@ def test_a_simulated_node_checks_its_driver_root_when_open(run_cli, scratch: Pat
                      "--driver-root", "/run/nvidia/driver")
     assert result.code == 2
     assert f"driver_root /run/nvidia/driver must lie under the simulated node's root {scratch / 'node'}" in result.err
+
+
+def test_settings_made_in_code_read_only_their_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The environment is layered by load_settings alone: an agent or a test that builds Settings itself gets what
+    # it asked for, whatever the process's environment holds.
+    monkeypatch.setenv("DRA_AGENT_LOG_LEVEL", "debug")
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    assert Settings().log_level == "info" and Settings().node_name is None
+    assert load_settings({}, {}).log_level == "info"
+
+
+def test_a_config_file_that_is_a_folder_is_refused(scratch: Path) -> None:
+    with pytest.raises(SettingsError, match=f"cannot read config file {scratch}: Is a directory"):
+        load_settings({}, {}, scratch)
+
+
+def test_env_names_are_upper_case_only() -> None:
+    assert load_settings({}, {"dra_agent_log_level": "debug", "Dra_Agent_Log_Level": "debug"}).log_level == "info"

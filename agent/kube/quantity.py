@@ -10,6 +10,11 @@ Grammar accepted by :func:`parse_quantity`::
 
 The Go parser is looser than its own grammar (it reads ``Gi``, ``+`` and ``.`` as zero);
 those forms are rejected here because no sane publisher emits them.
+
+The Kubernetes client's ``kubernetes.utils.quantity.parse_quantity`` is not used: it hands the number to
+``Decimal``, which also takes ``NaN``, ``Infinity``, ``1_000``, non-ASCII digits and surrounding blanks (so
+``1 Gi``), takes ``1K`` and ``1e3k``, and rounds to 28 digits; and the client has no ``same_quantity`` for the
+server's rounding (docs/performance.md, "Libraries instead of hand-written code").
 """
 
 from __future__ import annotations

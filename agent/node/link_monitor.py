@@ -6,8 +6,10 @@ subscribed, by interface name; they read the state itself from sysfs. A socket s
 namespace it was created in: the agent opens it in the host's (agent/node/host_netns.py), so that a pod with a
 namespace of its own sees the host's links as the agent under systemd does (see docs/deploy.md).
 
-The messages are parsed here rather than through a netlink library: three fixed kernel structures
-(nlmsghdr, ifinfomsg, rtattr) of a stable ABI, read for two fields.
+The socket and the messages are handled here rather than through pyroute2: three fixed kernel structures
+(nlmsghdr, ifinfomsg, rtattr) of a stable ABI, read for two fields. pyroute2 would add 69 ms and 8.7 MB to every
+start-up (its package imports all its netlink families; 33 ms for `IPRoute` alone), and decodes a link message in
+117 µs against 1.8 µs here, every attribute of it: docs/performance.md, "Libraries instead of hand-written code".
 """
 
 from __future__ import annotations
