@@ -51,6 +51,10 @@ async def test_start_line_process_metrics_and_the_documented_names(scratch: Path
             await agent.start()
             await wait_until(lambda: served_metrics(address).get('dra_agent_published_slices{driver="gpu.nvidia.com"}'),
                              timeout=scaled(30))
+            # The start line must come before the agent says it is ready: wait for that line too (a driver's
+            # slices may be published while another driver is still starting).
+            await wait_until(lambda: '"event": "ready"' in agent.output() or '"event":"ready"' in agent.output(),
+                             timeout=scaled(30))
             samples = served_metrics(address)
             declared = families(address)
         finally:
