@@ -4,7 +4,7 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-Usage: scripts/build-image.sh [--tag NAME] [--no-smoke | --smoke-only] [--keep DIR]
+Usage: scripts/build-image.sh [--tag NAME] [--dockerfile] [--no-smoke | --smoke-only] [--keep DIR]
                               [--runtime NAME] [--ulimit SPEC]... [-h | --help]
 
 Builds the dra-agent container image without an image registry, the same steps as deploy/Dockerfile:
@@ -25,11 +25,13 @@ python3-venv, and a checkout whose .venv has the simulator extra for the smoke t
 
 Options:
   --tag NAME     the image's name (default: localhost/dra-agent:<version in pyproject.toml>)
+  --dockerfile   build deploy/Dockerfile with buildah instead, on a stand-in for its base debian:bookworm-slim
+                 made here by mmdebstrap --variant=minbase (no registry needed), and smoke-test that image
   --no-smoke     build only
   --smoke-only   smoke-test an image built before, without building
   --keep DIR     keep the wheels and the root file system's tarball in DIR
-  --runtime NAME the OCI runtime of the smoke test's podman (e.g. runc where crun refuses the host's cgroups)
-  --ulimit SPEC  a --ulimit of the smoke test's containers (repeatable; where podman may not raise the limits)
+  --runtime NAME the OCI runtime of podman and buildah (e.g. runc where crun refuses the host's cgroups)
+  --ulimit SPEC  a --ulimit of the containers run (repeatable; where podman may not raise the limits)
   -h, --help     this text
 EOF
 }
@@ -40,15 +42,17 @@ tag="localhost/dra-agent:$version"
 build=1
 smoke=1
 keep=""
-smoke_options=()
+dockerfile=0
+container_options=()
 while (($#)); do
     case "$1" in
         --tag) tag=${2:?--tag needs a name}; shift ;;
         --no-smoke) smoke=0 ;;
         --smoke-only) build=0 ;;
         --keep) keep=${2:?--keep needs a folder}; shift ;;
-        --runtime) smoke_options+=(--runtime "${2:?--runtime needs a name}"); shift ;;
-        --ulimit) smoke_options+=(--ulimit "${2:?--ulimit needs a limit}"); shift ;;
+        --dockerfile) dockerfile=1 ;;
+        --runtime) container_options+=(--runtime "${2:?--runtime needs a name}"); shift ;;
+        --ulimit) container_options+=(--ulimit "${2:?--ulimit needs a limit}"); shift ;;
         -h | --help) usage; exit 0 ;;
         *) echo "build-image.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -72,6 +76,19 @@ fi
 list() {
     sed -e 's/#.*//' "$repo/scripts/image/$1" | tr -s '[:blank:]' '\n' | sed -e '/^$/d'
 }
+
+# Debian 12's mirrors, with its updates and security updates.
+mirrors=(
+    "deb http://deb.debian.org/debian bookworm main"
+    "deb http://deb.debian.org/debian bookworm-updates main"
+    "deb http://deb.debian.org/debian-security bookworm-security main"
+)
+# No recommends, no documentation: as Debian's slim images.
+slim=(
+    --aptopt='APT::Install-Recommends "false"'
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*'
+    --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*'
+)
 
 # Echoes a command, then runs it: the output reads as a transcript (docs/deploy.md quotes one).
 say() {
@@ -107,17 +124,11 @@ build_image() {
     # The merged-usr hook lays out /usr's links itself: the default for bookworm installs the usrmerge package,
     # which pulls in perl (50 MB).
     say mmdebstrap --mode=root --variant=essential --include="$packages" \
-        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-        --aptopt='APT::Install-Recommends "false"' \
-        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-        --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr "${slim[@]}" \
         --customize-hook="copy-in $work/wheels $repo/scripts/image/install-agent.sh /tmp" \
         --customize-hook='chroot "$1" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin sh /tmp/install-agent.sh /tmp/wheels' \
         --customize-hook='rm -rf "$1"/tmp/wheels "$1"/tmp/install-agent.sh' \
-        bookworm "$work/rootfs.tar" \
-        "deb http://deb.debian.org/debian bookworm main" \
-        "deb http://deb.debian.org/debian bookworm-updates main" \
-        "deb http://deb.debian.org/debian-security bookworm-security main"
+        bookworm "$work/rootfs.tar" "${mirrors[@]}"
 
     echo "== image: $tag"
     local container
@@ -138,7 +149,38 @@ build_image() {
     echo "root file system tarball: $(du -h "$work/rootfs.tar" | cut -f1)"
 }
 
-if ((build)); then
+# deploy/Dockerfile built with buildah, its base debian:bookworm-slim stood in for by Debian's minbase from the
+# mirrors (what the slim image is made of), passed as the BASE build argument.
+build_dockerfile() {
+    local work base=localhost/dra-agent-base:bookworm
+    work=$(mktemp -d /var/tmp/dra-agent-image.XXXXXX)
+    # shellcheck disable=SC2064 # expanded now, on purpose: $work is local
+    trap "rm -rf '$work'" EXIT
+    echo "== base: Debian 12 minbase from Debian's mirrors, standing in for debian:bookworm-slim"
+    say mmdebstrap --mode=root --variant=minbase --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr "${slim[@]}" \
+        bookworm "$work/base.tar" "${mirrors[@]}"
+    local container
+    container=$(buildah from scratch)
+    buildah add --quiet "$container" "$work/base.tar" /
+    buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd bash "$container"
+    buildah commit --quiet --rm "$container" "$base" >/dev/null
+    # Where the machine's pip trusts another certificate authority (PIP_CERT: a proxy that intercepts TLS), the
+    # build's ca-certificates takes it in as a local one, for the wheels stage's pip. Mounted, not copied: no
+    # layer keeps it (the image keeps the empty folder it was mounted on).
+    local trust=()
+    if [[ -n ${PIP_CERT:-} ]]; then
+        mkdir "$work/trust"
+        cp "$PIP_CERT" "$work/trust/build-host.crt"
+        trust=(--volume "$work/trust:/usr/local/share/ca-certificates:ro")
+    fi
+    echo "== image: $tag, from deploy/Dockerfile"
+    say buildah build --quiet --pull=never --network=host --layers=false "${container_options[@]}" "${trust[@]}" \
+        --build-arg "BASE=$base" -f "$repo/deploy/Dockerfile" -t "$tag" "$repo"
+}
+
+if ((build && dockerfile)); then
+    build_dockerfile
+elif ((build)); then
     build_image
 fi
 echo "image $tag: $(podman image inspect --format '{{.Size}}' "$tag" | numfmt --to=iec-i --suffix=B)"
@@ -147,5 +189,5 @@ if ((smoke)); then
     python=$repo/.venv/bin/python
     [[ -x $python ]] || python=python3
     echo "== smoke test"
-    "$python" "$repo/scripts/image/smoke_image.py" "${smoke_options[@]}" "$tag"
+    "$python" "$repo/scripts/image/smoke_image.py" "${container_options[@]}" "$tag"
 fi

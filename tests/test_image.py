@@ -35,7 +35,8 @@ def _instructions() -> list[tuple[str, str]]:
 
 
 def _stages() -> list[list[tuple[str, str]]]:
-    stages: list[list[tuple[str, str]]] = []
+    """The Dockerfile's instructions by build stage; the first holds those before the first FROM."""
+    stages: list[list[tuple[str, str]]] = [[]]
     for keyword, args in _instructions():
         if keyword == "FROM":
             stages.append([])
@@ -45,7 +46,7 @@ def _stages() -> list[list[tuple[str, str]]]:
 
 def test_both_recipes_build_the_wheel_from_the_listed_sources() -> None:
     sources = _list("sources")
-    wheels_stage = _stages()[0]
+    wheels_stage = _stages()[1]
     copied = [word.removeprefix("./") for keyword, args in wheels_stage if keyword == "COPY"
               for word in args.split()[:-1] if not word.startswith("scripts/")]
     assert sorted(copied) == sorted(sources), "deploy/Dockerfile copies other paths than scripts/image/sources"
@@ -63,7 +64,9 @@ def test_both_recipes_install_the_listed_packages_and_the_wheels_the_same_way() 
     # pyudev loads libudev; Debian's python3 runs the agent, its venv module installs it.
     assert {"python3", "python3-venv", "libudev1"} <= set(packages)
     product = _stages()[-1]
-    assert product[0] == ("FROM", "debian:bookworm-slim"), "the registry build's base is Debian 12, as mmdebstrap's"
+    # The registry build's base is Debian 12, as mmdebstrap's; the same in both stages.
+    assert ("ARG", "BASE=debian:bookworm-slim") in _stages()[0]
+    assert [stage[0] for stage in _stages()[1:]] == [("FROM", "${BASE} AS wheels"), ("FROM", "${BASE}")]
     runs = [args for keyword, args in product if keyword == "RUN"]
     assert any("/image/packages" in run and "apt-get install" in run and "--no-install-recommends" in run
                and "rm -rf /var/lib/apt/lists/*" in run for run in runs)
@@ -71,6 +74,8 @@ def test_both_recipes_install_the_listed_packages_and_the_wheels_the_same_way() 
     script = BUILD.read_text()
     assert "list packages" in script and "--include=" in script
     assert "install-agent.sh /tmp/wheels" in script
+    # --dockerfile builds the Dockerfile itself, its base given through the BASE argument.
+    assert '--build-arg "BASE=$base" -f "$repo/deploy/Dockerfile"' in script
     assert "APT::Install-Recommends \"false\"" in script
 
 
@@ -115,7 +120,8 @@ def test_the_wheel_from_the_listed_sources_holds_the_product_alone(tmp_path: Pat
 def test_build_script_help_and_bad_usage() -> None:
     done = subprocess.run(["bash", str(BUILD), "--help"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    for option in ("--tag", "--no-smoke", "--smoke-only", "--keep", "mmdebstrap", "buildah", "podman"):
+    for option in ("--tag", "--dockerfile", "--no-smoke", "--smoke-only", "--keep", "--runtime", "--ulimit",
+                   "mmdebstrap", "buildah", "podman"):
         assert option in done.stdout
     bad = subprocess.run(["bash", str(BUILD), "--bogus"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2
