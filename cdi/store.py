@@ -26,6 +26,24 @@ TEMP_SUFFIX = ".tmp"
 _YAML_KIND = re.compile(r"""^kind:\s*["']?([^"'\s#]+)""", re.MULTILINE)
 
 
+def write_atomically(target: Path, data: bytes, *, prefix: str) -> None:
+    """Replace `target` with `data`, synced and readable by everyone (0644): a reader (the container runtime, a
+    workload) sees the old file or the new one, never a part. The temporary file is `<prefix>…{TEMP_SUFFIX}` in
+    the same directory, which must exist."""
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=TEMP_SUFFIX)
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o644)  # mkstemp creates 0600; the reader may be another user
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
 class SpecStore:
     """Transient spec files `<vendor>-<class>_<id>.json` of one kind in one directory (`file_prefix` replaces the
     `<vendor>-<class>_` part, for files named by another convention, such as the device metadata specs').
@@ -65,18 +83,7 @@ class SpecStore:
         target = self.path(transient_id)
         data = spec.to_json(indent=None).encode()  # compact: the C encoder, several times faster
         self._ensure_directory()  # /var/run/cdi is a tmpfs and may have been emptied
-        fd, temp = tempfile.mkstemp(dir=self.directory, prefix=target.stem + ".", suffix=TEMP_SUFFIX)
-        try:
-            with open(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-                os.fchmod(f.fileno(), 0o644)  # mkstemp creates 0600; the runtime may read as another user
-            os.replace(temp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
-            raise
+        write_atomically(target, data, prefix=target.stem + ".")
         # A YAML spec under the same id would define the same devices at the same priority, and the
         # runtime drops both copies of a conflicting device.
         _unlink(target.with_suffix(".yaml"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +35,7 @@ from agent.claims.read import ClaimAllocation
 from agent.claims.records import ClaimRecord, DeviceRecord
 from cdi.names import CdiNameError
 from cdi.spec import CdiSpecError
-from cdi.store import SpecStore
+from cdi.store import SpecStore, write_atomically
 
 __all__ = ["MetadataFiles"]
 
@@ -234,18 +233,7 @@ class MetadataFiles:
 def _write_atomically(path: Path, content: bytes) -> None:
     """Replace `path` with `content` (0644) so a reader sees the old file or the new one, never a part."""
     _make_folders(path.parent)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with open(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; the workload may read as any user
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
+    write_atomically(path, content, prefix=f".{path.name}.")
 
 
 def _make_folders(folder: Path) -> None:
