@@ -184,7 +184,7 @@ async def test_failed_backend_leaves_nothing(sim_node: Callable[[str], Simulated
         preparer.owner_of = lambda d: (o.__class__(o.name, exploding, o.config_types)  # type: ignore[assignment,arg-type]
                                         if (o := real_owner(d)) else None)
         ref = env.claims.add("broken", [("gpu", GPU, gpu)])
-        assert (await preparer.prepare([ref]))[ref.uid].error == f"{gpu}: {gpu}: the driver refused"
+        assert (await preparer.prepare([ref]))[ref.uid].error == f"{gpu}: the driver refused"
         assert preparer.checkpoint.claims == {}
         assert list(env.cdi_dir.iterdir()) == []
     finally:

@@ -30,7 +30,7 @@ async def prepare_on_backends(ref: ClaimRef, plan: Plan, log: FilteringBoundLogg
         except TimeoutError:
             return f"backend {owner.name} did not prepare {_devices(allocated)} within {BACKEND_TIMEOUT:.0f} s"
         except BackendError as e:
-            return f"{_devices(allocated)}: {e}"
+            return _about(allocated, str(e))
         except Exception as e:
             log.exception("backend prepare failed", backend=owner.name,
                           claim=f"{ref.namespace}/{ref.name}:{ref.uid}")
@@ -72,6 +72,13 @@ async def unprepare_on_backends(backends: Mapping[str, Backend], ref: ClaimRef, 
         except Exception as e:
             return f"{_devices(items)}: {e}"
     return ""
+
+
+def _about(allocated: Sequence[Allocated], message: str) -> str:
+    """A backend's error, led by the devices it is about unless it already names one of them first."""
+    if any(message.startswith(f"{a.device}:") for a in allocated):
+        return message
+    return f"{_devices(allocated)}: {message}"
 
 
 def _devices(items: Sequence[Allocated] | Sequence[Prepared]) -> str:
