@@ -6,7 +6,6 @@ fails nor holds up a prepare (the entry comes once it recovers), a restarted age
 from __future__ import annotations
 
 import signal
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -17,7 +16,16 @@ from simulator.apiserver.resources import RESOURCE_CLAIMS
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
-from tests.agent_env import NODE, AgentProcess, allocate, free_port, plugin_after_restart, settings_for, wait_until
+from tests.agent_env import (
+    NODE,
+    AgentProcess,
+    allocate,
+    free_port,
+    metrics_of,
+    plugin_after_restart,
+    settings_for,
+    wait_until,
+)
 from tests.timing import scaled
 
 GPU, OTHER = "gpu.nvidia.com", "net.example.com"
@@ -47,11 +55,7 @@ class Node:
         return [e["driver"] for e in self.entries(claim)]
 
     def metric(self, sample: str) -> float:
-        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=scaled(5)) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(sample + " "):
-                    return float(line.rpartition(" ")[2])
-        return 0.0
+        return metrics_of(self.metrics_address).get(sample, 0.0)
 
 
 @asynccontextmanager

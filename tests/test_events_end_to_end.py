@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from agent.events.recorder import CONTROLLER
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
-from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
+from tests.agent_env import NODE, AgentProcess, allocate, metrics_of, settings_for, wait_until
 from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
@@ -46,11 +45,7 @@ class Node:
         return [e for e in self.server.events() if e["regarding"].get("name") == claim]
 
     def metric(self, sample: str) -> float:
-        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=scaled(5)) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(sample + " "):
-                    return float(line.rpartition(" ")[2])
-        return 0.0
+        return metrics_of(self.metrics_address).get(sample, 0.0)
 
 
 @pytest.fixture
