@@ -1,0 +1,87 @@
+"""The real-cluster tier's fixtures: one control plane for the whole run (in one worker: every test module of the
+tier is in the xdist group "real-cluster"), the simulated node registered, deploy/ applied.
+
+The binaries come from cluster/build.sh. Without them the tier skips with one line saying how to build them;
+under CI=true it fails instead, so a CI run can never pass without it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cluster
+from cluster.controlplane import ControlPlane
+from cluster.kubectl import Kubectl
+from cluster.loopback import LoopbackWatch
+from cluster.node import register_node
+from tests.agent_env import memory_dir
+from tests.real_cluster.cluster_env import NODE, RealCluster
+from tests.timing import scaled
+
+ROOT = Path(__file__).resolve().parents[2]
+VERBOSITY = "DRA_AGENT_CLUSTER_VERBOSITY"
+"""The components' log verbosity (their --v); the logs are kept under /tmp when a test of the tier fails."""
+
+
+def built_binaries() -> Path:
+    folder = cluster.binaries()
+    if folder is not None:
+        return folder
+    message = "real-cluster tier: the Kubernetes binaries are not built; run cluster/build.sh"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + " (CI must build them before the tests)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def loopback_watch() -> Iterator[LoopbackWatch]:
+    """Every socket of the control plane's processes, sampled for the whole run."""
+    watch = LoopbackWatch()
+    watch.start()
+    yield watch
+    watch.stop()
+    assert not watch.seen, "the cluster used addresses off loopback:\n" + "\n".join(map(str, sorted(
+        watch.seen, key=str)))
+
+
+@pytest.fixture(scope="session")
+def real_cluster(request: pytest.FixtureRequest, loopback_watch: LoopbackWatch) -> Iterator[RealCluster]:
+    binaries = built_binaries()
+    folder = Path(tempfile.mkdtemp(prefix="dra-rc-"))
+    plane = ControlPlane(folder, binaries, verbosity=int(os.environ.get(VERBOSITY, "1")))
+    failed_before = request.session.testsfailed
+    try:
+        plane.start(timeout=scaled(120))
+        loopback_watch.watch(plane.pids())
+        kubectl = Kubectl(binaries / "kubectl", plane.admin_kubeconfig)
+        node_uid = register_node(kubectl, NODE)
+        kubectl.run("apply", "--server-side", "-k", str(ROOT / "deploy"))
+        yield RealCluster(plane, kubectl, node_uid, loopback_watch)
+    finally:
+        plane.stop(keep=True)
+        if request.session.testsfailed > failed_before:
+            kept = Path(tempfile.gettempdir()) / f"dra-real-cluster-logs-{os.getpid()}"
+            shutil.copytree(folder / "logs", kept, dirs_exist_ok=True)
+            print(f"\nthe real cluster's logs are in {kept}")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def released_namespaces(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test of the tier ends with its namespaces deleted and their devices free for the next test."""
+    yield
+    if "real_cluster" in request.fixturenames:
+        request.getfixturevalue("real_cluster").release()
+
+
+@pytest.fixture
+def node_root() -> Iterator[Path]:
+    """A short-named folder in memory for one test's simulated node and agent files."""
+    with memory_dir("dra-rn-") as path:
+        yield path
