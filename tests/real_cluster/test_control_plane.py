@@ -59,4 +59,4 @@ def test_the_watch_would_see_a_wildcard_or_a_remote_address() -> None:
         local.bind(("127.0.0.1", 0))
         local.listen()
         found = breaches(sockets_of([os.getpid()]))
-    assert [s.local for s in found] == [f"0.0.0.0:{wildcard.getsockname()[1]}"]
+        assert [s.local for s in found] == [f"0.0.0.0:{wildcard.getsockname()[1]}"]
