@@ -75,8 +75,9 @@ class Metrics:
         self.events = Counter("dra_agent_events", "Events the agent reported (each occurrence, repeats of a series "
                               "included), by type and reason", ["type", "reason"], registry=self.registry)
         self.events_dropped = Counter("dra_agent_events_dropped", "Events never written to the API server, by cause: "
-                                      "queue-full, refused, gave-up (retries exhausted), stopped, error", ["cause"],
-                                      registry=self.registry)
+                                      "queue-full, refused, gave-up (retries exhausted), stopped, error, "
+                                      "invalid-claim (about a claim whose reference is not a valid claim's)",
+                                      ["cause"], registry=self.registry)
         self.events_pending = Gauge("dra_agent_events_pending", "Events waiting to be written to the API server",
                                     registry=self.registry)
         self.stream_clients = Gauge("dra_agent_health_stream_clients", "Open kubelet health streams", ["driver"],

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.events.recorder import CONTROLLER, EventRecorder, Pacing
-from agent.events.rules import is_micro_time
+from agent.events.rules import Reference, is_micro_time
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.node.health_board import HEALTHY, DeviceState
@@ -231,6 +231,31 @@ async def test_refused_writes_are_not_retried(make_env: Callable[..., Any]) -> N
     # The second refusal is logged at debug level (which the logging set up by an earlier test may filter out).
     assert [entry["log_level"] for entry in refused if entry["log_level"] != "debug"] == ["error"], \
         "the same refusal is told once"
+
+
+async def test_no_event_is_written_about_a_claim_whose_reference_is_not_a_claims(make_env: Callable[..., Any]) -> None:
+    env: Env = await make_env()
+    refs = [ClaimRef(CLAIM.uid, "../../../../tmp/x-ns", "c"), ClaimRef(CLAIM.uid, "default", "/etc/x"),
+            ClaimRef("../x", "default", "c")]
+    with capture_logs() as logs:
+        for ref in refs:
+            env.recorder.prepare_failed(DRIVER, ref, "refused")
+    env.recorder.prepare_failed(DRIVER, CLAIM, "no such device")  # written after any of the others would be
+    await wait_until(lambda: env.events(), timeout=WAIT)
+    assert [e["regarding"]["name"] for e in env.events()] == ["my-claim"]
+    assert env.server.count_requests() == 1
+    assert env.sample("dra_agent_events_dropped_total", cause="invalid-claim") == 3
+    assert env.sample("dra_agent_events_total", type="Warning", reason="PrepareFailed") == 4
+    told = [e["refused"] for e in logs if e["event"].startswith("claim not prepared; no Event about it")]
+    assert told == ['claim namespace \'../../../../tmp/x-ns\' is not a valid namespace name',
+                    "claim name '/etc/x' is not a valid object name", "claim UID '../x' is not a Kubernetes UID"]
+
+
+async def test_an_event_whose_path_would_leave_its_object_is_not_sent(make_env: Callable[..., Any]) -> None:
+    env: Env = await make_env()
+    env.recorder.record(Reference("v1", "Node", "x", "../../x"), "Warning", "Test", "Test", "a note")
+    await wait_until(lambda: env.sample("dra_agent_events_dropped_total", cause="refused") == 1, timeout=WAIT)
+    assert env.server.requests == [], "refused before sending, and not tried again"
 
 
 async def test_a_series_whose_event_is_gone_creates_it_again(make_env: Callable[..., Any]) -> None:

@@ -8,12 +8,11 @@ meant for the pod's events when the claim cannot be prepared.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.kube.names import is_dns_label, is_dns_subdomain
+from agent.kube.names import claim_reference_problem, is_uid
 from agent.kube.quantity import parse_quantity
 from backends.contract import ClaimRef
 
@@ -30,7 +29,6 @@ __all__ = [
 
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 """The annotation a claim made from a template carries: the name the pod gave the claim (pod.spec.resourceClaims)."""
-_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
 
 
@@ -87,12 +85,9 @@ class ClaimAllocation:
 
 def check_reference(ref: ClaimRef) -> None:
     """Refuse claim references that no API server would produce; they must never reach a file name."""
-    if not _UID.fullmatch(ref.uid):
-        raise ClaimError(f"claim UID {ref.uid[:80]!r} is not a Kubernetes UID")
-    if not is_dns_label(ref.namespace):
-        raise ClaimError(f"claim namespace {ref.namespace[:80]!r} is not a valid namespace name")
-    if not is_dns_subdomain(ref.name):
-        raise ClaimError(f"claim name {ref.name[:80]!r} is not a valid object name")
+    problem = claim_reference_problem(ref.uid, ref.namespace, ref.name)
+    if problem:
+        raise ClaimError(problem)
 
 
 def read_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str) -> ClaimAllocation:
@@ -147,7 +142,7 @@ def _result(raw: Any, index: int, where: str) -> DeviceAllocation:
     if missing:
         raise ClaimError(f"{where}: allocation result #{index} lacks {', '.join(missing)}")
     share = _field(raw, "shareID")
-    if share is not None and (not isinstance(share, str) or not _UID.fullmatch(share)):
+    if share is not None and not is_uid(share):
         raise ClaimError(f"{where}: allocation result #{index} has shareID {str(share)[:80]!r}, not a UID")
     return DeviceAllocation(
         request=fields["request"],

@@ -8,6 +8,10 @@ exponential backoff, a bounded number of times; one the server refuses (4xx) is 
 counted (`dra_agent_api_errors`) and logged once per outage, not at every attempt; what is never written is
 counted by cause (`dra_agent_events_dropped`): the queue drops its oldest entry beyond its bound. At shutdown the
 queue is flushed within a short deadline.
+
+No Event is written about a claim whose reference (namespace, name, UID) is not one a ResourceClaim can have: its
+namespace and name would go into the Event's URL and body. The failure is logged and counted instead, and the
+kubelet has it in its answer.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from agent.events.rules import (
 )
 from agent.events.series import SERIES_WINDOW, Occurrences, SeriesCache, TokenBucket
 from agent.kube.client import KubeError
+from agent.kube.names import claim_reference_problem
 from agent.logs import get_logger
 from agent.metrics import Metrics
 from agent.node.health_board import DeviceState
@@ -103,7 +108,17 @@ class EventRecorder:
     # --- what the agent reports ---------------------------------------------------------------------------
 
     def prepare_failed(self, driver: str, claim: ClaimRef, error: str) -> None:
-        """A Warning on the claim: this driver could not prepare it on this node, and the error why."""
+        """A Warning on the claim: this driver could not prepare it on this node, and the error why; only logged
+        and counted when the kubelet's reference to the claim is not a valid one (no Event is about it)."""
+        problem = claim_reference_problem(claim.uid, claim.namespace, claim.name)
+        if problem:
+            if self._metrics is not None:
+                self._metrics.events.labels(WARNING, "PrepareFailed").inc()
+            self._drop("invalid-claim")
+            # The problem names the bad field, cut short: the reference's values may be of any length.
+            self._log.warning("claim not prepared; no Event about it: its reference is not a claim's", driver=driver,
+                              refused=problem, error=error)
+            return
         regarding = Reference("resource.k8s.io/v1", "ResourceClaim", claim.name, claim.namespace, claim.uid)
         self.record(regarding, WARNING, "PrepareFailed", "Prepare",
                     f"Driver {driver} could not prepare the claim on node {self.node}: {error}")

@@ -1,5 +1,8 @@
 """The agent's only connection to the Kubernetes API server, through the official `kubernetes.aio` client.
 
+Every path and field selector it sends is built by agent/kube/paths.py from values checked for their kind; a
+value that is not valid raises InvalidRequestError before anything is sent.
+
 Requests go through the client's own request path (`ApiClient.param_serialize` + `call_api`: its
 credentials, TLS, retries of connections), with JSON bodies in and out. The generated per-group API classes are
 not used: importing CoreV1Api alone loads ~235 model classes (24 MB here) and every call validates its
@@ -19,12 +22,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 from urllib.request import getproxies_environment, proxy_bypass
 
 import aiohttp
 
-__all__ = ["KubeClient", "KubeError", "KubeconfigError"]
+from agent.kube.errors import InvalidRequestError, KubeconfigError, KubeError
+from agent.kube.paths import EVENTS, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, ApiPath, api_path, slice_selector
+
+__all__ = ["InvalidRequestError", "KubeClient", "KubeError", "KubeconfigError"]
 
 
 def _package_without_its_init(name: str) -> None:
@@ -70,24 +76,10 @@ _package_without_its_init("kubernetes.aio")
 from kubernetes.aio import client, config  # noqa: E402  (after the packages above are set up)
 
 _IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+_SLICES = api_path(RESOURCE_SLICES)
 _JSON = "application/json"
 _MERGE_PATCH = "application/merge-patch+json"
 _APPLY_PATCH = "application/apply-patch+yaml"  # a JSON body is YAML too
-
-
-class KubeError(Exception):
-    """An API request failed; `status` is the HTTP status (0 when the server could not be reached)."""
-
-    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-class KubeconfigError(KubeError):
-    """The credentials cannot be loaded: the kubeconfig is missing or invalid, or the in-cluster ones are: a
-    configuration problem, found before any request is made."""
 
 
 @dataclass
@@ -126,7 +118,7 @@ class KubeClient:
     async def request(
         self,
         method: str,
-        path: str,
+        path: ApiPath,
         *,
         body: Mapping[str, Any] | None = None,
         query: Sequence[tuple[str, str]] = (),
@@ -135,9 +127,9 @@ class KubeClient:
         timeout: float | None = None,
         decode: bool = True,
     ) -> Any:
-        """One API request; the decoded JSON response (None without `decode`: the body is read, not parsed), or
-        KubeError with the server's message. `timeout` bounds the whole request in seconds (the client's default:
-        5 minutes)."""
+        """One API request to a path built by `api_path`; the decoded JSON response (None without `decode`: the
+        body is read, not parsed), or KubeError with the server's message. `timeout` bounds the whole request in
+        seconds (the client's default: 5 minutes)."""
         what = what or f"{method} {path}"
         headers = {"Accept": _JSON}
         if body is not None:
@@ -161,7 +153,7 @@ class KubeClient:
 
     async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """A ResourceClaim, None when it does not exist."""
-        path = _claim(namespace, name)
+        path = api_path(RESOURCE_CLAIMS, namespace, name)
         try:
             claim: Mapping[str, Any] = await self.request("GET", path, what=f"get resourceclaim {namespace}/{name}")
         except KubeError as e:
@@ -177,12 +169,12 @@ class KubeClient:
         The claim the server answers with is not decoded: nothing reads it, and it is the biggest part of the
         write's work in the agent (the whole claim, its managedFields included)."""
         await self.request(
-            "PATCH", f"{_claim(namespace, name)}/status", body=body, content_type=_APPLY_PATCH, timeout=timeout,
-            query=[("fieldManager", field_manager), ("force", "true")],
+            "PATCH", api_path(RESOURCE_CLAIMS, namespace, name, "status"), body=body, content_type=_APPLY_PATCH,
+            timeout=timeout, query=[("fieldManager", field_manager), ("force", "true")],
             what=f"apply status of resourceclaim {namespace}/{name}", decode=False)
 
     async def get_node_uid(self, name: str) -> str:
-        node = await self.request("GET", f"/api/v1/nodes/{quote(name)}", what=f"get node {name}")
+        node = await self.request("GET", api_path(NODES, name=name), what=f"get node {name}")
         uid: str = node["metadata"]["uid"]
         return uid
 
@@ -192,7 +184,7 @@ class KubeClient:
 
     async def list_slices_versioned(self, node: str, driver: str) -> tuple[list[dict[str, Any]], str]:
         """This node's slices of one driver, and the list's resourceVersion to watch from."""
-        listed = await self.request("GET", _SLICES, query=[("fieldSelector", _slice_selector(node, driver))],
+        listed = await self.request("GET", _SLICES, query=[("fieldSelector", slice_selector(node, driver))],
                                     what=f"list resourceslices of {driver} on {node}")
         items: list[dict[str, Any]] = listed.get("items") or []
         return items, str(listed.get("metadata", {}).get("resourceVersion", ""))
@@ -202,7 +194,7 @@ class KubeClient:
     ) -> AsyncIterator[dict[str, Any]]:
         """Watch events of this node's slices of one driver after `resource_version`, for about `timeout`
         seconds (the server ends the watch then); BOOKMARK events carry the latest resourceVersion."""
-        query = [("fieldSelector", _slice_selector(node, driver)), ("watch", "true"),
+        query = [("fieldSelector", slice_selector(node, driver)), ("watch", "true"),
                  ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", str(timeout))]
         what = f"watch resourceslices of {driver} on {node}"
@@ -232,7 +224,7 @@ class KubeClient:
         return created
 
     async def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        replaced: dict[str, Any] = await self.request("PUT", f"{_SLICES}/{quote(name)}", body=body,
+        replaced: dict[str, Any] = await self.request("PUT", api_path(RESOURCE_SLICES, name=name), body=body,
                                                       what=f"replace resourceslice {name}")
         return replaced
 
@@ -241,7 +233,8 @@ class KubeClient:
         preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions} if preconditions else None
         try:
-            await self.request("DELETE", f"{_SLICES}/{quote(name)}", body=body, what=f"delete resourceslice {name}")
+            await self.request("DELETE", api_path(RESOURCE_SLICES, name=name), body=body,
+                               what=f"delete resourceslice {name}")
         except KubeError as e:
             if e.status != 404:
                 raise
@@ -250,7 +243,7 @@ class KubeClient:
     async def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         """Create an events.k8s.io/v1 Event."""
         created: dict[str, Any] = await self.request(
-            "POST", _events(namespace), body=body, timeout=timeout,
+            "POST", api_path(EVENTS, namespace), body=body, timeout=timeout,
             what=f"create event {namespace}/{body.get('metadata', {}).get('name', '')}")
         return created
 
@@ -258,21 +251,9 @@ class KubeClient:
                           timeout: float) -> dict[str, Any]:
         """Merge-patch an events.k8s.io/v1 Event (a series' count and last observation)."""
         patched: dict[str, Any] = await self.request(
-            "PATCH", f"{_events(namespace)}/{quote(name)}", body=patch, content_type=_MERGE_PATCH,
+            "PATCH", api_path(EVENTS, namespace, name), body=patch, content_type=_MERGE_PATCH,
             timeout=timeout, what=f"patch event {namespace}/{name}")
         return patched
-
-
-def _claim(namespace: str, name: str) -> str:
-    return f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
-
-
-def _events(namespace: str) -> str:
-    return f"/apis/events.k8s.io/v1/namespaces/{quote(namespace)}/events"
-
-
-def _slice_selector(node: str, driver: str) -> str:
-    return f"spec.nodeName={node},spec.driver={driver}"
 
 
 def _environment_proxy(url: str) -> str | None:

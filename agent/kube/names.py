@@ -1,5 +1,6 @@
 """Name and value formats of the Kubernetes API that ResourceSlices use: DNS labels and subdomains, label keys
-and values, driver names, qualified attribute names, semantic versions.
+and values, driver names, qualified attribute names, semantic versions; and what a reference to a claim must be
+(a UID, a namespace and a name).
 
 Predicates accept any object, so raw JSON values can be passed; the messages say what is allowed.
 """
@@ -22,6 +23,7 @@ __all__ = [
     "QUALIFIED_MSG",
     "SEMVER_MSG",
     "SUBDOMAIN_MSG",
+    "claim_reference_problem",
     "is_c_identifier",
     "is_dns_label",
     "is_dns_subdomain",
@@ -31,6 +33,7 @@ __all__ = [
     "is_node_name",
     "is_qualified_name",
     "is_semver",
+    "is_uid",
 ]
 
 MAX_ID_LENGTH = 32
@@ -41,6 +44,8 @@ _DNS_LABEL_RE = re.compile(_LABEL)
 _DNS_SUBDOMAIN_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _C_IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LABEL_NAME_RE = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_UID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_SHOWN = 80  # characters of a refused reference's value a message shows
 
 DNS_LABEL_MSG = "must be a DNS label: 1-63 lower-case letters, digits or '-', alphanumeric at both ends"
 SUBDOMAIN_MSG = "must be a DNS subdomain: at most 253 lower-case letters, digits, '-' or '.'"
@@ -116,3 +121,20 @@ def is_semver(s: object) -> bool:
 def is_node_name(s: object) -> bool:
     """Node name: a DNS subdomain."""
     return is_dns_subdomain(s)
+
+
+def is_uid(s: object) -> bool:
+    """An object's UID as the API server makes it: a UUID in lower-case hex."""
+    return isinstance(s, str) and _UID_RE.fullmatch(s) is not None
+
+
+def claim_reference_problem(uid: str, namespace: str, name: str) -> str:
+    """What is wrong with a reference to a ResourceClaim (empty when nothing is): no API server makes a claim with
+    this UID, namespace or name, so the reference must never reach a file name, a URL or an Event."""
+    if not is_uid(uid):
+        return f"claim UID {uid[:_SHOWN]!r} is not a Kubernetes UID"
+    if not is_dns_label(namespace):
+        return f"claim namespace {namespace[:_SHOWN]!r} is not a valid namespace name"
+    if not is_dns_subdomain(name):
+        return f"claim name {name[:_SHOWN]!r} is not a valid object name"
+    return ""

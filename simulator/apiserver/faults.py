@@ -93,8 +93,10 @@ class FaultRules:
 
 @dataclass
 class RequestRecord:
-    """One request as the server saw it. ``time`` is ``time.monotonic()`` on arrival; ``status`` is 0 until
-    the answer starts (a watch gets 200 when its stream opens), ``duration`` None until it ends."""
+    """One request as the server saw it. ``path`` is decoded (what rules and routes match); ``raw_path`` is the
+    path as it came on the wire, percent-escapes kept, so a test can tell ``a%2Fb`` from ``a/b``. ``time`` is
+    ``time.monotonic()`` on arrival; ``status`` is 0 until the answer starts (a watch gets 200 when its stream
+    opens), ``duration`` None until it ends."""
 
     method: str
     path: str
@@ -103,6 +105,7 @@ class RequestRecord:
     status: int = 0
     duration: float | None = None
     tags: set[str] = field(default_factory=set)  # e.g. "watch", "fault"
+    raw_path: str = ""
 
     @property
     def is_write(self) -> bool:

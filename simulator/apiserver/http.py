@@ -119,7 +119,8 @@ class HttpFrontEnd:
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        record = RequestRecord(request.method, request.path, dict(request.query), time.monotonic())
+        record = RequestRecord(request.method, request.path, dict(request.query), time.monotonic(),
+                               raw_path=request.rel_url.raw_path)
         self.records.append(record)
         try:
             response = await self._serve(request, record)

@@ -17,19 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import quote
 
 from agent.kube.client import KubeClient, KubeError
+from agent.kube.paths import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource, api_path
 from simulator.scheduler.allocation import Allocation, DeviceResult, Unallocatable, allocate
 
 __all__ = ["Allocator"]
-
-_GROUP = "/apis/resource.k8s.io/v1"
-
-
-def _claim_path(namespace: str, name: str) -> str:
-    return f"{_GROUP}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
-
 
 def _existing(claim: Mapping[str, Any], node: str) -> Allocation:
     """The allocation a claim already has, as an :class:`Allocation` (it is kept, not redone)."""
@@ -88,15 +81,15 @@ class Allocator:
     async def _node(self, kube: KubeClient, node: str) -> str | dict[str, Any]:
         """The Node object (its labels count for node selectors), or just its name if it is not registered."""
         try:
-            found: dict[str, Any] = await kube.request("GET", f"/api/v1/nodes/{quote(node)}", what=f"get node {node}")
+            found: dict[str, Any] = await kube.request("GET", api_path(NODES, name=node), what=f"get node {node}")
         except KubeError as e:
             if e.status == 404:
                 return node
             raise
         return found
 
-    async def _list(self, kube: KubeClient, plural: str) -> list[dict[str, Any]]:
-        listed = await kube.request("GET", f"{_GROUP}/{plural}", what=f"list {plural}")
+    async def _list(self, kube: KubeClient, resource: Resource) -> list[dict[str, Any]]:
+        listed = await kube.request("GET", api_path(resource), what=f"list {resource.plural}")
         items: list[dict[str, Any]] = listed.get("items") or []
         return items
 
@@ -114,15 +107,15 @@ class Allocator:
                     return _existing(claim, node)
                 node_object = await self._node(kube, node)
                 classes, slices, claims = await asyncio.gather(
-                    self._list(kube, "deviceclasses"), self._list(kube, "resourceslices"),
-                    self._list(kube, "resourceclaims"),
+                    self._list(kube, DEVICE_CLASSES), self._list(kube, RESOURCE_SLICES),
+                    self._list(kube, RESOURCE_CLAIMS),
                 )  # fmt: skip
                 # In a thread: evaluating selectors takes a while, and the API server may share this event loop.
                 allocation = await asyncio.to_thread(allocate, claim, classes=classes, slices=slices,
                                                      allocated=claims, node=node_object)  # fmt: skip
                 body = {**claim, "status": {**(claim.get("status") or {}), "allocation": allocation.status}}
                 try:
-                    await kube.request("PUT", f"{_claim_path(namespace, name)}/status", body=body,
+                    await kube.request("PUT", api_path(RESOURCE_CLAIMS, namespace, name, "status"), body=body,
                                        what=f"write the allocation of resourceclaim {namespace}/{name}")  # fmt: skip
                 except KubeError as e:
                     if e.status == 409:  # the claim changed since it was read: read everything again
@@ -144,7 +137,8 @@ class Allocator:
             status.pop("allocation", None)
             status.pop("reservedFor", None)
             try:
-                await kube.request("PUT", f"{_claim_path(namespace, name)}/status", body={**claim, "status": status},
+                await kube.request("PUT", api_path(RESOURCE_CLAIMS, namespace, name, "status"),
+                                   body={**claim, "status": status},
                                    what=f"release resourceclaim {namespace}/{name}")  # fmt: skip
             except KubeError as e:
                 if e.status in (409, 404):

@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from agent.kube.client import KubeClient, KubeError
+from agent.kube.paths import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, api_path
 from simulator.scheduler.allocation import Allocation, Unallocatable
 from simulator.scheduler.allocator import Allocator
 from simulator.scheduler.cel import CelError
@@ -26,7 +26,6 @@ from simulator.scheduler.extended import ExtendedClaim, plan_extended_claim, pod
 
 __all__ = ["ScheduledPod", "release_pod", "schedule_pod"]
 
-_GROUP = "/apis/resource.k8s.io/v1"
 JsonObject = dict[str, Any]
 
 
@@ -48,7 +47,7 @@ class ScheduledPod:
 
 async def _node(kube: KubeClient, node: str) -> str | JsonObject:
     try:
-        found: JsonObject = await kube.request("GET", f"/api/v1/nodes/{quote(node)}", what=f"get node {node}")
+        found: JsonObject = await kube.request("GET", api_path(NODES, name=node), what=f"get node {node}")
     except KubeError as e:
         if e.status == 404:
             return node
@@ -81,42 +80,43 @@ async def schedule_pod(allocator: Allocator, pod: Mapping[str, Any], *, node: st
     meta.setdefault("uid", str(uuid.uuid4()))
     namespace = str(meta["namespace"])
     kube = await allocator.client()
-    listed = await kube.request("GET", f"{_GROUP}/deviceclasses", what="list deviceclasses")
+    listed = await kube.request("GET", api_path(DEVICE_CLASSES), what="list deviceclasses")
     plan = plan_extended_claim(placed, listed.get("items") or [], await _node(kube, node))
     placed.setdefault("spec", {})["nodeName"] = node
     if plan is None:
         return ScheduledPod(placed, node)
-    claims = f"{_GROUP}/namespaces/{quote(namespace)}/resourceclaims"
-    created: JsonObject = await kube.request("POST", claims, body=plan.claim,
+    created: JsonObject = await kube.request("POST", api_path(RESOURCE_CLAIMS, namespace), body=plan.claim,
                                              what=f"create the extended-resource claim of pod {meta.get('name')}")
     name = str(created["metadata"]["name"])
     try:
         allocation = await allocator.allocate(namespace, name, node=node)
-        claim = await _reserve(kube, f"{claims}/{quote(name)}", placed)
+        claim = await _reserve(kube, namespace, name, placed)
     except Unallocatable as e:
-        await _delete(kube, f"{claims}/{quote(name)}")
+        await _delete(kube, namespace, name)
         raise _explained(e, plan, f"{namespace}/{meta.get('name')}") from None
     except (CelError, KubeError):
-        await _delete(kube, f"{claims}/{quote(name)}")
+        await _delete(kube, namespace, name)
         raise
     placed.setdefault("status", {})["extendedResourceClaimStatus"] = pod_claim_status(name, plan)
     return ScheduledPod(placed, node, claim, allocation, plan)
 
 
-async def _reserve(kube: KubeClient, path: str, pod: Mapping[str, Any]) -> JsonObject:
+async def _reserve(kube: KubeClient, namespace: str, name: str, pod: Mapping[str, Any]) -> JsonObject:
     """``status.reservedFor`` the pod, as the scheduler writes it when binding."""
-    claim: JsonObject = await kube.request("GET", path, what="read the extended-resource claim")
+    claim: JsonObject = await kube.request("GET", api_path(RESOURCE_CLAIMS, namespace, name),
+                                           what="read the extended-resource claim")
     meta = pod["metadata"]
     status = claim.setdefault("status", {})
     status["reservedFor"] = [{"resource": "pods", "name": meta["name"], "uid": meta["uid"]}]
-    reserved: JsonObject = await kube.request("PUT", f"{path}/status", body=claim,
+    reserved: JsonObject = await kube.request("PUT", api_path(RESOURCE_CLAIMS, namespace, name, "status"), body=claim,
                                               what="reserve the extended-resource claim for its pod")
     return reserved
 
 
-async def _delete(kube: KubeClient, path: str) -> None:
+async def _delete(kube: KubeClient, namespace: str, name: str) -> None:
     try:
-        await kube.request("DELETE", path, what="delete the extended-resource claim")
+        await kube.request("DELETE", api_path(RESOURCE_CLAIMS, namespace, name),
+                           what="delete the extended-resource claim")
     except KubeError as e:
         if e.status != 404:
             raise
@@ -129,4 +129,4 @@ async def release_pod(allocator: Allocator, scheduled: ScheduledPod) -> None:
     meta = scheduled.claim["metadata"]
     await allocator.deallocate(meta["namespace"], meta["name"])
     kube = await allocator.client()
-    await _delete(kube, f"{_GROUP}/namespaces/{quote(meta['namespace'])}/resourceclaims/{quote(meta['name'])}")
+    await _delete(kube, meta["namespace"], meta["name"])
