@@ -4,7 +4,9 @@ Pure. `netDevice: {name: net1}` asks for the VF's interface (its netdev) to be m
 namespace under that name; the agent writes it as a CDI `netDevices` edit and the container runtime moves it (see
 `backends.vf_netdev`). The name is one the kernel takes (`cdi.interface_names`: 1 to 15 bytes, not `.` or `..`, no
 `/`, `:`, NUL or byte the kernel counts as whitespace) and is not `lo`, which every network namespace has. One `%d`
-may stand for a number the kernel picks inside the pod (`net%d`), as the OCI runtime spec allows.
+stands for a number, as in the kernel's own templates (`net%d`): the agent picks it for each device of the claim
+as the kernel would in the pod (`backends.vf_netdev.numbered`), since the runtimes look the interface up by the
+name they moved it under.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class NetDeviceRequest(BaseModel):
 
     @property
     def templated(self) -> bool:
-        """Whether the kernel picks the number in the name inside the pod (`net%d`)."""
+        """Whether the name has a `%d` for a number (`net%d`)."""
         return "%d" in self.name
 
 

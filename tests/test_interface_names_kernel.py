@@ -3,7 +3,7 @@ kernel takes (`lo` apart, which the kernel refuses only because every namespace 
 for a claim's `%d` templates move into a pod's namespace the way a container runtime moves them.
 
 Each case runs in a network (and mount) namespace of its own, made for it with util-linux's `unshare`: a veth is
-renamed there with pyroute2 (rtnetlink, as the container runtimes do it), and the answers come back as JSON.
+renamed there with pyroute2 (rtnetlink, as the runtimes do it), and the answers come back as JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-from backends.vf_config import interface_name_problem
+from backends.contract import Allocated
+from backends.vf_config import VfConfig, interface_name_problem
+from backends.vf_netdev import net_device_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +54,33 @@ with IPRoute() as ip:
     answers.append(rename("lo"))
 print(json.dumps(answers))
 """
+
+# Moves interfaces into a pod's network namespace as runc and crun do (one RTM_NEWLINK with the new name and the
+# namespace), then looks each up in the pod by the name it was moved under, as they do next to set it up. The pod's
+# namespace (bind-mounted at argv[1]) holds `lo` and a CNI's `eth0`. stdin: the names, one move each.
+_MOVES = """
+import json, sys
+from pyroute2 import IPRoute, netns
+from pyroute2.netlink.exceptions import NetlinkError
+pod_path, names = sys.argv[1], json.load(sys.stdin)
+netns.create(pod_path)
+answers = []
+with IPRoute() as host, IPRoute(netns=pod_path) as pod:
+    host.link("add", ifname="eth0", kind="veth", peer="cni-peer")
+    host.link("set", index=host.link_lookup(ifname="eth0")[0], net_ns_fd=pod_path)
+    for i, name in enumerate(names):
+        host.link("add", ifname=f"vf{i}", kind="veth", peer=f"vf{i}-peer")
+        (index,) = host.link_lookup(ifname=f"vf{i}")
+        try:
+            host.link("set", index=index, net_ns_fd=pod_path, ifname=name)
+        except NetlinkError as e:
+            answers.append({"errno": e.code})
+            continue
+        answers.append({"found": bool(pod.link_lookup(ifname=name))})
+    answers.append({"pod": sorted(link.get_attr("IFLA_IFNAME") for link in pod.get_links())})
+print(json.dumps(answers))
+"""
+
 
 def _in_a_namespace_of_its_own(script: str, stdin: Any, *args: str) -> Any:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
@@ -158,3 +187,29 @@ def test_every_character_up_to_u07ff_and_some_beyond_get_the_kernels_verdict() -
     refused = [n[1] for n, a in zip(names, answers, strict=True) if not _kernel_takes(n, a)]
     assert refused[:10] == ["\0", "\t", "\n", "\x0b", "\x0c", "\r", " ", "%", "/", ":"]
     assert all(0xa0 in c.encode() for c in refused[10:]), "beyond ASCII, only characters with a byte 0xa0"
+
+
+def _claim_names(*names: str) -> list[str]:
+    """The names the agent writes into the CDI spec for one claim whose devices ask for `names`, in order."""
+    devices = [Allocated(f"vf-{i}", "nic", VfConfig.model_validate(
+        {"apiVersion": "dra-agent.io/v1alpha1", "kind": "VfConfig", "netDevice": {"name": name}}))
+        for i, name in enumerate(names)]
+    moves = net_device_requests(devices)
+    return [moves[f"vf-{i}"].name for i in range(len(names))]
+
+
+def test_the_names_written_for_templates_move_into_a_pod_and_are_found_there(tmp_path: Path) -> None:
+    names = _claim_names("net%d", "net%d", "eth%d", "net1")
+    assert names == ["net0", "net2", "eth1", "net1"]
+    *moves, pod = _in_a_namespace_of_its_own(_MOVES, names, str(tmp_path / "pod"))
+    assert moves == [{"found": True}] * 4
+    assert pod == {"pod": sorted(["lo", "eth0", "net0", "net1", "net2", "eth1"])}
+
+
+def test_a_template_itself_moves_in_but_the_runtime_cannot_find_it_by_that_name(tmp_path: Path) -> None:
+    """Why the agent numbers templates itself: the kernel numbers `net%d`, but runc and crun then look the interface
+    up by the name they asked for, find none, and fail the container. And `lo` is never free in a pod: the kernel
+    moves the interface in under its host name, then refuses the new name, and the runtime fails the container."""
+    *moves, pod = _in_a_namespace_of_its_own(_MOVES, ["net%d", "net%d", "lo"], str(tmp_path / "pod"))
+    assert moves == [{"found": False}, {"found": False}, {"errno": errno.EEXIST}]
+    assert pod == {"pod": ["eth0", "lo", "net0", "net1", "vf2"]}

@@ -144,8 +144,32 @@ def test_one_claim_cannot_ask_for_the_same_name_twice() -> None:
         == {"vf-a": NetDeviceRequest(name="net1"), "vf-b": NetDeviceRequest(name="net2")}
     with pytest.raises(PrepareError, match="same interface name in the pod more than once: 'net1' for vf-a and vf-b"):
         net_device_requests([_allocated("vf-a", "net1"), _allocated("vf-b", "net1")])
-    # A template is one name too: the CDI library refuses two entries naming it.
-    assert duplicate_names({"vf-a": NetDeviceRequest(name="net%d"), "vf-b": NetDeviceRequest(name="net%d")})
+    assert duplicate_names({"vf-a": NetDeviceRequest(name="net%d"), "vf-b": NetDeviceRequest(name="net%d")}) is None
+
+
+def _names(*asked: str | None) -> dict[str, str]:
+    moves = net_device_requests([_allocated(f"vf-{i}", name) for i, name in enumerate(asked)])
+    return {device: request.name for device, request in moves.items()}
+
+
+def test_templates_get_the_numbers_the_kernel_would_pick_in_the_pod() -> None:
+    """The smallest number free in the pod's namespace, which holds `lo`, the pod's `eth0` and the claim's other
+    names; each template of the claim gets its own."""
+    assert _names("net%d", "net%d") == {"vf-0": "net0", "vf-1": "net1"}
+    assert _names("net%d", "net1", None, "net%d", "eth%d") == {"vf-0": "net0", "vf-1": "net1", "vf-3": "net2",
+                                                               "vf-4": "eth1"}
+    assert _names("%d", "x%dy", "x%dy") == {"vf-0": "0", "vf-1": "x0y", "vf-2": "x1y"}
+    assert _names("lo%d", "net0", "net%d") == {"vf-0": "lo0", "vf-1": "net0", "vf-2": "net1"}
+    # The same claim prepared again (a restart, the kubelet's retry) gets the same names.
+    assert _names("net%d", "net%d") == _names("net%d", "net%d")
+
+
+def test_a_template_with_no_room_left_for_its_number_is_refused() -> None:
+    asked = ["abcdefghijklm%d"] * 101  # 13 bytes and the number: 0 to 99 fit in 15
+    assert list(_names(*asked[:100]).values())[-1] == "abcdefghijklm99"
+    with pytest.raises(PrepareError, match=r"vf-100: VfConfig\.netDevice\.name 'abcdefghijklm%d' has no room left for "
+                                           r"a number: 'abcdefghijklm100', the next free name, has 16 bytes"):
+        _names(*asked)
 
 
 def test_admin_access_never_moves_an_interface() -> None:
@@ -244,8 +268,6 @@ def test_an_interface_in_the_hosts_namespace_is_handed_over_with_its_mac_and_add
     assert net == NetDevice(host_interface_name="vf0", name="net1")
     assert (network.interface_name, network.hardware_address) == ("net1", "02:00:00:00:19:01")
     assert network.ips == ("192.168.51.7/24", "2001:db8::5/64")
-    _, templated = hand_over("vf-0000-19-00-1", vf, NetDeviceRequest(name="net%d"), host)
-    assert templated.interface_name == "", "the kernel picks the number inside the pod: the name is not known here"
 
 
 def test_an_interface_in_another_namespace_is_not_back_yet(tmp_path: Path, host: Path) -> None:
