@@ -2,9 +2,11 @@
 
 Pure. `netDevice: {name: net1}` asks for the VF's interface (its netdev) to be moved into the pod's network
 namespace under that name; the agent writes it as a CDI `netDevices` edit and the container runtime moves it (see
-`backends.vf_netdev`). The name follows the kernel's rules for an interface name (`dev_valid_name`): 1 to 15
-bytes, not `.` or `..`, no `/`, `:` or whitespace; one `%d` may stand for a number the kernel picks inside the
-pod (`net%d`), as the OCI runtime spec allows.
+`backends.vf_netdev`). The name is one the kernel takes (`cdi.interface_names`: 1 to 15 bytes, not `.` or `..`, no
+`/`, `:`, NUL or byte the kernel counts as whitespace) and is not `lo`, which every network namespace has. One `%d`
+stands for a number, as in the kernel's own templates (`net%d`): the agent picks it for each device of the claim
+as the kernel would in the pod (`backends.vf_netdev.numbered`), since the runtimes look the interface up by the
+name they moved it under.
 """
 
 from __future__ import annotations
@@ -12,19 +14,17 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from backends.config import CONFIG_API_VERSION, OpaqueConfig
 from backends.vfio import VfioConfig
+from cdi.interface_names import IFNAMSIZ, KERNEL_WHITESPACE, kernel_name_problem
 
 __all__ = ["IFNAMSIZ", "INTERFACE_NAME_SCHEMA", "NetDeviceRequest", "VfConfig", "interface_name_problem"]
 
-IFNAMSIZ = 16
-"""The kernel's buffer for an interface name, its terminating NUL included: names have at most 15 bytes."""
+LOOPBACK = "lo"
 
-# What an interface name cannot contain: `/`, `:`, NUL and whitespace (what str.isspace() calls whitespace).
-_SPACES = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
-           "\u200a\u2028\u2029\u202f\u205f\u3000")
-_FORBIDDEN = frozenset("/:\0" + _SPACES)
+_NEVER_BYTES = KERNEL_WHITESPACE | frozenset(b"/:\0")
 
 
 def _regex_class(chars: str) -> str:
@@ -33,33 +33,35 @@ def _regex_class(chars: str) -> str:
     return "".join(f"\\x{ord(c):02x}" if ord(c) < 0x100 else c for c in sorted(chars))
 
 
-_NOT_IN_NAME = _regex_class("%" + "".join(_FORBIDDEN))
+# The characters of one and two bytes in UTF-8 (up to U+07FF) the kernel refuses in a name, and `%`, which only
+# `%d` may use. A class listing the wider characters with a byte 0xa0 would hold some 17,000 of them (every 64th
+# code point from U+0800 on): the pattern leaves them to the agent, which refuses them at prepare.
+_NOT_IN_NAME = _regex_class("%" + "".join(chr(c) for c in range(0x800) if _NEVER_BYTES.intersection(chr(c).encode())))
 INTERFACE_NAME_SCHEMA: dict[str, Any] = {
     "minLength": 1,
     "x-maxBytes": IFNAMSIZ - 1,
     "pattern": f"^[^{_NOT_IN_NAME}]*(%d[^{_NOT_IN_NAME}]*)?$",
-    "not": {"enum": [".", ".."]},
-    "description": "an interface name: no `/`, `:`, NUL or whitespace, and no `%` but one `%d`",
+    "not": {"enum": [".", "..", LOOPBACK]},
+    "description": "an interface name: no `/`, `:`, NUL or byte the kernel counts as whitespace (0x09 to 0x0d, "
+                   "0x20, 0xa0 in UTF-8), and no `%` but one `%d`",
 }
 """`interface_name_problem` in JSON schema terms, for the admission policy: `x-maxBytes` is the length in UTF-8 bytes
-(JSON schema counts characters)."""
+(JSON schema counts characters). It admits the names the agent takes, and refuses all the others but those with a
+character of three or four bytes holding a byte 0xa0 (`†`, e2 80 a0)."""
 
 
 def interface_name_problem(name: str) -> str | None:
-    """Why the kernel would refuse `name` as the name of a network interface in the pod, or None."""
-    size = len(name.encode())
-    if size == 0:
-        return "an interface name cannot be empty"
-    if size >= IFNAMSIZ:
-        return f"an interface name has at most {IFNAMSIZ - 1} bytes, {name!r} has {size}"
-    if name in (".", ".."):
-        return f"{name!r} is not an interface name"
-    bad = sorted({c for c in name if c in _FORBIDDEN})
-    if bad:
-        return f"an interface name cannot contain {', '.join(repr(c) for c in bad)}"
-    # The kernel fills in one number where the name has `%d`, and refuses any other `%`.
+    """Why `name` cannot be the name of the VF's interface in the pod, or None."""
+    problem = kernel_name_problem(name)
+    if problem is not None:
+        return problem
+    # The kernel's __dev_alloc_name: the first `%` must start `%d`, and no other may follow.
     if name.count("%") > 1 or ("%" in name and "%d" not in name):
-        return f"{name!r}: the only `%` an interface name may have is one `%d` (the kernel picks the number)"
+        return (f"{name!r}: the only `%` an interface name may have is one `%d`, which stands for a number (the "
+                "kernel refuses any other)")
+    if name == LOOPBACK:
+        return ("'lo' is the loopback interface, which every network namespace has: the pod's has it already, and "
+                "moving the VF's interface in under that name would fail the pod ('File exists')")
     return None
 
 
@@ -76,12 +78,12 @@ class NetDeviceRequest(BaseModel):
     def _valid_interface_name(cls, name: str) -> str:
         problem = interface_name_problem(name)
         if problem is not None:
-            raise ValueError(problem)
+            raise PydanticCustomError("interface_name", problem)  # the message alone, no "Value error, "
         return name
 
     @property
     def templated(self) -> bool:
-        """Whether the kernel picks the number in the name inside the pod (`net%d`)."""
+        """Whether the name has a `%d` for a number (`net%d`)."""
         return "%d" in self.name
 
 

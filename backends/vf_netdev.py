@@ -27,6 +27,7 @@ namespace from any container that mounts the host's root.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,12 +37,12 @@ from backends.attributes import AttributeValue
 from backends.contract import Allocated, NetworkData, PrepareError
 from backends.host_net import interface_addresses, interface_routes
 from backends.sysfs import SysfsError, list_dir, read_attr, read_link_name
-from backends.vf_config import NetDeviceRequest, VfConfig
+from backends.vf_config import IFNAMSIZ, NetDeviceRequest, VfConfig
 from backends.vfio_sysfs import VFIO_PCI
 from cdi.spec import NetDevice
 
-__all__ = ["PCI_BUS_ID", "VfInterface", "duplicate_names", "hand_over", "net_device_requests",
-           "read_vf_interface"]
+__all__ = ["PCI_BUS_ID", "POD_INTERFACES", "VfInterface", "duplicate_names", "hand_over", "net_device_requests",
+           "numbered", "read_vf_interface"]
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
@@ -109,27 +110,54 @@ def hand_over(device: str, vf: VfInterface, request: NetDeviceRequest,
         raise PrepareError(f"{device}: its interface {vf.name} carries routes of the host ({'; '.join(routes[:4])}); "
                            "moving it into the pod would take them from the host, so it is left there")
     network = NetworkData(
-        interface_name="" if request.templated else request.name,  # the kernel picks the number in the pod
+        interface_name=request.name,
         hardware_address=vf.mac or "",
         ips=interface_addresses(host_root, vf.name),
     )
     return NetDevice(host_interface_name=vf.name, name=request.name), network
 
 
+POD_INTERFACES = ("lo", "eth0")
+"""The interfaces a pod's network namespace holds before the runtime moves a VF's in: the loopback, which every
+namespace has, and the pod's own network interface, which containerd and CRI-O ask their CNI plugins to name eth0."""
+
+
 def duplicate_names(requests: Mapping[str, NetDeviceRequest]) -> str | None:
     """Why the interface names asked for the devices of one claim (device → request) clash, or None: a container
-    cannot get two interfaces of the same name (CDI refuses a spec that asks)."""
+    cannot get two interfaces of the same name (CDI refuses a spec that asks). Templates do not clash: each device
+    gets its own number."""
     by_name: dict[str, list[str]] = {}
     for device, request in sorted(requests.items()):
-        by_name.setdefault(request.name, []).append(device)
+        if not request.templated:
+            by_name.setdefault(request.name, []).append(device)
     clashes = [f"{name!r} for {' and '.join(devices)}" for name, devices in sorted(by_name.items()) if len(devices) > 1]
     if not clashes:
         return None
     return f"VfConfig.netDevice asks for the same interface name in the pod more than once: {'; '.join(clashes)}"
 
 
+def numbered(requests: Mapping[str, NetDeviceRequest]) -> dict[str, NetDeviceRequest]:
+    """The requests (device → request, in the claim's order) with the `%d` of each template replaced by the number
+    the kernel would pick in the pod: the smallest whose name is not taken there (`POD_INTERFACES`, the claim's
+    other names, and the templates numbered before). The kernel could do it itself, but runc and crun look the
+    interface up by the name they moved it under once it is in the pod, and a template names none."""
+    taken = set(POD_INTERFACES) | {r.name for r in requests.values() if not r.templated}
+    out: dict[str, NetDeviceRequest] = {}
+    for device, request in requests.items():
+        if request.templated:
+            name = next(n for n in (request.name.replace("%d", str(i)) for i in itertools.count()) if n not in taken)
+            if len(name.encode()) >= IFNAMSIZ:
+                raise PrepareError(f"{device}: VfConfig.netDevice.name {request.name!r} has no room left for a "
+                                   f"number: {name!r}, the next free name, has {len(name.encode())} bytes")
+            taken.add(name)
+            request = NetDeviceRequest(name=name)
+        out[device] = request
+    return out
+
+
 def net_device_requests(devices: Sequence[Allocated]) -> dict[str, NetDeviceRequest]:
-    """The interfaces the claim's devices ask to move into the pod (device → request), checked as a whole."""
+    """The interfaces the claim's devices ask to move into the pod (device → request), checked as a whole, under the
+    names they get there (templates numbered)."""
     moves: dict[str, NetDeviceRequest] = {}
     for allocated in devices:
         config = allocated.config
@@ -142,4 +170,4 @@ def net_device_requests(devices: Sequence[Allocated]) -> dict[str, NetDeviceRequ
     clash = duplicate_names(moves)
     if clash is not None:
         raise PrepareError(clash)
-    return moves
+    return numbered(moves)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from cdi.interface_names import kernel_name_problem
 from cdi.spec import ContainerEdits, Spec, minimum_version, parse_version
 
 # SPEC.md: the vendor is a DNS subdomain, the class at most 63 characters.
@@ -150,11 +151,6 @@ def _in_range(value: int | None, low: int, high: int) -> bool:
     return value is None or low <= value <= high
 
 
-def _interface_name_ok(name: str) -> bool:
-    # The kernel's rules for interface names: under 16 bytes, no '/', ':' or whitespace, not '.' or '..'.
-    return 0 < len(name.encode()) < 16 and name not in (".", "..") and not re.search(r"[/:\s]", name)
-
-
 def _edits_problems(edits: ContainerEdits, where: str) -> list[str]:
     out = _env_problems(edits.env, f"{where}.env")
     for i, node in enumerate(edits.device_nodes):
@@ -196,8 +192,9 @@ def _edits_problems(edits: ContainerEdits, where: str) -> list[str]:
     seen: dict[str, set[str]] = {"hostInterfaceName": set(), "name": set()}
     for i, net in enumerate(edits.net_devices):
         for key, value in (("hostInterfaceName", net.host_interface_name), ("name", net.name)):
-            if not _interface_name_ok(value):
-                out.append(f"{where}.netDevices[{i}].{key} {value!r} is not a valid network interface name")
+            problem = kernel_name_problem(value)
+            if problem is not None:
+                out.append(f"{where}.netDevices[{i}].{key} {value!r} is not a valid network interface name: {problem}")
             elif value in seen[key]:
                 out.append(f"{where}.netDevices[{i}].{key} {value!r} is used twice")
             seen[key].add(value)

@@ -27,7 +27,10 @@ VFIO = {"apiVersion": API, "kind": "VfioConfig"}
 TYPES = (VfioConfig, VfConfig)
 
 
-@pytest.mark.parametrize("name", ["net1", "eth0", "net%d", "a" * 15, "ü" * 7, "vf-0_1.x", "%d"])
+@pytest.mark.parametrize("name", [
+    "net1", "eth0", "net%d", "a" * 15, "ü" * 7, "ü" * 7 + "a", "vf-0_1.x", "%d", "a%dz", "...",
+    "\u2003x", "a\u3000b", "a\x1cb", "a\x85b", "a\u2028b", "é\x7f",  # no byte of these is whitespace to the kernel
+])
 def test_names_the_kernel_takes_are_accepted(name: str) -> None:
     assert interface_name_problem(name) is None
     assert NetDeviceRequest(name=name).name == name
@@ -37,14 +40,25 @@ def test_names_the_kernel_takes_are_accepted(name: str) -> None:
     ("", "cannot be empty"),
     ("a" * 16, "at most 15 bytes"),
     ("ü" * 8, "at most 15 bytes"),  # 16 bytes in 8 characters
-    (".", "is not an interface name"),
-    ("..", "is not an interface name"),
+    ("a" * 14 + "ü", "'aaaaaaaaaaaaaaü' has 16"),
+    (".", "'.' and '..' stand for folders"),
+    ("..", "'.' and '..' stand for folders"),
     ("net/1", "cannot contain '/'"),
-    ("net 1", "cannot contain ' '"),
-    ("net\t1", "cannot contain '\\t'"),
     ("net:1", "cannot contain ':'"),
+    ("a\0b", "cannot contain NUL"),
+    ("net 1", "' ' (byte 0x20)"),
+    ("net\t1", "'\\t' (byte 0x09)"),
+    ("a\rb", "'\\r' (byte 0x0d)"),
+    ("netà", "'à' (bytes c3 a0)"),
+    ("a\u00a0b", "'\\xa0' (bytes c2 a0)"),
+    ("a†b", "'†' (bytes e2 80 a0)"),
+    ("\u0420x", "'\u0420' (bytes d0 a0)"),
     ("net%d%d", "one `%d`"),
     ("net%s", "one `%d`"),
+    ("%", "one `%d`"),
+    ("net%", "one `%d`"),
+    ("lo", "the loopback interface"),
+    ("a\ud800", "is not text"),  # a lone surrogate has no UTF-8
 ])
 def test_names_the_kernel_refuses_are_refused(name: str, why: str) -> None:
     problem = interface_name_problem(name)
@@ -53,12 +67,41 @@ def test_names_the_kernel_refuses_are_refused(name: str, why: str) -> None:
         VfConfig.model_validate({**VF_CONFIG, "netDevice": {"name": name}})
 
 
+def test_a_refusal_names_the_field_and_says_what_is_wrong_in_words() -> None:
+    with pytest.raises(ClaimError) as caught:
+        effective_config(_entries({**VF_CONFIG, "netDevice": {"name": "netà"}}), TYPES, "sriov-nic")
+    assert str(caught.value).endswith(
+        "VfConfig.netDevice.name: an interface name cannot contain whitespace as the kernel reads it, byte by byte "
+        "(bytes 0x09 to 0x0d, 0x20 and 0xa0): 'netà' has 'à' (bytes c3 a0)")
+    with pytest.raises(ClaimError) as caught:
+        effective_config(_entries({**VF_CONFIG, "netDevice": {"name": "lo"}}), TYPES, "sriov-nic")
+    assert "VfConfig.netDevice.name: 'lo' is the loopback interface, which every network namespace has: " in str(
+        caught.value)
+    assert "File exists" in str(caught.value)
+    for name in ("lo", "netà", "a\ud800", "{x}/", "x" * 70):
+        with pytest.raises(ClaimError) as caught:
+            effective_config(_entries({**VF_CONFIG, "netDevice": {"name": name}}), TYPES, "sriov-nic")
+        assert "Value error" not in str(caught.value) and "codec" not in str(caught.value), str(caught.value)
+
+
+# The kernel's isspace() (include/linux/ctype.h, lib/ctype.c), on each byte of the name.
+KERNEL_SPACE = b"\t\n\x0b\x0c\r \xa0"
+
+
 @given(st.text(max_size=20))
 def test_every_accepted_name_fits_the_kernels_rules(name: str) -> None:
     if interface_name_problem(name) is None:
-        assert 0 < len(name.encode()) <= 15
-        assert name not in (".", "..") and not any(c in "/:\0" or c.isspace() for c in name)
+        raw = name.encode()
+        assert 0 < len(raw) <= 15
+        assert name not in (".", "..", "lo") and not any(b in b"/:\0" + KERNEL_SPACE for b in raw)
         assert name.count("%") == name.count("%d") <= 1
+
+
+@given(st.text(st.characters(codec="utf-8"), min_size=1, max_size=7))
+def test_every_name_the_kernels_rules_allow_is_accepted(name: str) -> None:
+    raw = name.encode()
+    if len(raw) <= 15 and name not in (".", "..", "lo") and not any(b in b"/:%\0" + KERNEL_SPACE for b in raw):
+        assert interface_name_problem(name) is None
 
 
 def _entries(*parameters: dict[str, Any]) -> list[OpaqueEntry]:
@@ -71,7 +114,7 @@ def test_the_claims_vf_config_is_read_with_its_field_paths_in_errors() -> None:
     assert isinstance(config, VfConfig) and config.net_device == NetDeviceRequest(name="net1")
     with pytest.raises(ClaimError, match=r"VfConfig\.netDevice\.mtu: Extra inputs are not permitted"):
         effective_config(_entries({**VF_CONFIG, "netDevice": {"name": "net1", "mtu": 9000}}), TYPES, "sriov-nic")
-    with pytest.raises(ClaimError, match=r"VfConfig\.netDevice\.name: Value error, an interface name has at most"):
+    with pytest.raises(ClaimError, match=r"VfConfig\.netDevice\.name: an interface name has at most"):
         effective_config(_entries({**VF_CONFIG, "netDevice": {"name": "x" * 16}}), TYPES, "sriov-nic")
 
 
@@ -101,8 +144,32 @@ def test_one_claim_cannot_ask_for_the_same_name_twice() -> None:
         == {"vf-a": NetDeviceRequest(name="net1"), "vf-b": NetDeviceRequest(name="net2")}
     with pytest.raises(PrepareError, match="same interface name in the pod more than once: 'net1' for vf-a and vf-b"):
         net_device_requests([_allocated("vf-a", "net1"), _allocated("vf-b", "net1")])
-    # A template is one name too: the CDI library refuses two entries naming it.
-    assert duplicate_names({"vf-a": NetDeviceRequest(name="net%d"), "vf-b": NetDeviceRequest(name="net%d")})
+    assert duplicate_names({"vf-a": NetDeviceRequest(name="net%d"), "vf-b": NetDeviceRequest(name="net%d")}) is None
+
+
+def _names(*asked: str | None) -> dict[str, str]:
+    moves = net_device_requests([_allocated(f"vf-{i}", name) for i, name in enumerate(asked)])
+    return {device: request.name for device, request in moves.items()}
+
+
+def test_templates_get_the_numbers_the_kernel_would_pick_in_the_pod() -> None:
+    """The smallest number free in the pod's namespace, which holds `lo`, the pod's `eth0` and the claim's other
+    names; each template of the claim gets its own."""
+    assert _names("net%d", "net%d") == {"vf-0": "net0", "vf-1": "net1"}
+    assert _names("net%d", "net1", None, "net%d", "eth%d") == {"vf-0": "net0", "vf-1": "net1", "vf-3": "net2",
+                                                               "vf-4": "eth1"}
+    assert _names("%d", "x%dy", "x%dy") == {"vf-0": "0", "vf-1": "x0y", "vf-2": "x1y"}
+    assert _names("lo%d", "net0", "net%d") == {"vf-0": "lo0", "vf-1": "net0", "vf-2": "net1"}
+    # The same claim prepared again (a restart, the kubelet's retry) gets the same names.
+    assert _names("net%d", "net%d") == _names("net%d", "net%d")
+
+
+def test_a_template_with_no_room_left_for_its_number_is_refused() -> None:
+    asked = ["abcdefghijklm%d"] * 101  # 13 bytes and the number: 0 to 99 fit in 15
+    assert list(_names(*asked[:100]).values())[-1] == "abcdefghijklm99"
+    with pytest.raises(PrepareError, match=r"vf-100: VfConfig\.netDevice\.name 'abcdefghijklm%d' has no room left for "
+                                           r"a number: 'abcdefghijklm100', the next free name, has 16 bytes"):
+        _names(*asked)
 
 
 def test_admin_access_never_moves_an_interface() -> None:
@@ -201,8 +268,6 @@ def test_an_interface_in_the_hosts_namespace_is_handed_over_with_its_mac_and_add
     assert net == NetDevice(host_interface_name="vf0", name="net1")
     assert (network.interface_name, network.hardware_address) == ("net1", "02:00:00:00:19:01")
     assert network.ips == ("192.168.51.7/24", "2001:db8::5/64")
-    _, templated = hand_over("vf-0000-19-00-1", vf, NetDeviceRequest(name="net%d"), host)
-    assert templated.interface_name == "", "the kernel picks the number inside the pod: the name is not known here"
 
 
 def test_an_interface_in_another_namespace_is_not_back_yet(tmp_path: Path, host: Path) -> None:
@@ -249,8 +314,15 @@ def test_the_agents_own_spec_check_refuses_what_the_cdi_library_refuses() -> Non
     assert problems == ["devices[0].containerEdits.netDevices[1].name 'n' is used twice",
                         "devices[0].containerEdits.netDevices[2].hostInterfaceName 'a' is used twice",
                         "devices[0].containerEdits.netDevices[3].hostInterfaceName '' is not a valid network "
-                        "interface name",
-                        "devices[0].containerEdits.netDevices[3].name '' is not a valid network interface name"]
+                        "interface name: an interface name cannot be empty",
+                        "devices[0].containerEdits.netDevices[3].name '' is not a valid network interface name: an "
+                        "interface name cannot be empty"]
+    # The kernel's rule, not Python's idea of whitespace: U+2003 is no whitespace to the kernel, `à` (c3 a0) is.
+    wide = ContainerEdits(net_devices=(NetDevice("vf0", "\u2003x"), NetDevice("vf1", "netà")))
+    assert validate_spec(Spec(kind="example.com/nic", devices=(Device(name="x", container_edits=wide),))) == [
+        "devices[0].containerEdits.netDevices[1].name 'netà' is not a valid network interface name: an interface "
+        "name cannot contain whitespace as the kernel reads it, byte by byte (bytes 0x09 to 0x0d, 0x20 and 0xa0): "
+        "'netà' has 'à' (bytes c3 a0)"]
 
 
 @pytest.mark.parametrize(("edits", "version", "error"), [

@@ -159,6 +159,43 @@ async def test_each_refusal_fails_its_own_claim_and_leaves_nothing(scratch: Path
         assert good.uid in saved
 
 
+async def test_interface_names_are_taken_as_the_kernel_takes_them_and_templates_numbered(scratch: Path) -> None:
+    """A name the kernel would refuse fails its claim with the field named and nothing written; one it takes goes
+    into the CDI spec as asked; templates get distinct numbers, which the claim's network data reports."""
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await kubelet.wait_for_plugin(SRIOV)
+        refused = {
+            "netà": "VfConfig.netDevice.name: an interface name cannot contain whitespace as the kernel reads it, "
+                    "byte by byte (bytes 0x09 to 0x0d, 0x20 and 0xa0): 'netà' has 'à' (bytes c3 a0)",
+            "lo": "VfConfig.netDevice.name: 'lo' is the loopback interface, which every network namespace has",
+        }
+        bad = {name: allocate(env.server, f"bad-{i}", [("nic", SRIOV, VFS[i][1])], [net_device(name)])
+               for i, name in enumerate(refused)}
+        wide = allocate(env.server, "wide", [("nic", SRIOV, VFS[2][1])], [net_device("\u2003x")])
+        numbered = allocate(env.server, "numbered", [("a", SRIOV, VFS[3][1]), ("b", SRIOV, "vf-0000-1d-00-1")],
+                            [net_device("net%d", ("a", "b"))])
+        results = await plugin.prepare([*bad.values(), wide, numbered])
+        saved = records(env.settings, scratch)
+        for name, claim in bad.items():
+            assert refused[name] in results[claim.uid].error, results[claim.uid].error
+            assert "Value error" not in results[claim.uid].error
+            assert spec_of(env.settings, claim.uid) is None and claim.uid not in saved, name
+
+        assert results[wide.uid].error == ""
+        spec = spec_of(env.settings, wide.uid)
+        assert spec is not None
+        assert spec["devices"][0]["containerEdits"]["netDevices"] == [{"hostInterfaceName": VFS[2][2],
+                                                                       "name": "\u2003x"}]
+
+        assert results[numbered.uid].error == ""
+        spec = spec_of(env.settings, numbered.uid)
+        assert spec is not None and cdi_schema_errors(spec) == []
+        names = [n["name"] for d in spec["devices"] for n in d["containerEdits"].get("netDevices", ())]
+        assert sorted(names) == ["net0", "net1"]
+        network = [d.network.interface_name for d in saved[numbered.uid].devices if d.network is not None]
+        assert sorted(network) == ["net0", "net1"]
+
+
 @pytest.mark.parametrize("back_as", ["net1", None])
 async def test_an_interface_still_in_a_pods_namespace_is_refused_until_it_is_back(scratch: Path,
                                                                                     back_as: str | None) -> None:

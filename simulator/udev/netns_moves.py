@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cdi.interface_names import kernel_name_problem
 from simulator.node.procfs import forget_interface
 from simulator.udev.delivery import STATE_DIR
 from simulator.udev.hotplug import Injection, InjectionError, UdevInjector, _bus_id
@@ -62,8 +62,9 @@ def netns_return(injector: UdevInjector, bus_id: str, name: str | None = None) -
     except FileNotFoundError:
         raise InjectionError(f"the interface of {bus_id} is not in another network namespace") from None
     wanted = name or record["name"]
-    if not re.fullmatch(r"[^/:\s]{1,15}", wanted) or wanted in (".", ".."):
-        raise InjectionError(f"{wanted!r} is not an interface name")
+    problem = kernel_name_problem(wanted)
+    if problem is not None:
+        raise InjectionError(problem)
     classes = injector.sys / "class/net"
     if (classes / wanted).exists():
         wanted = next(f"dev{n}" for n in range(1 << 16) if not (classes / f"dev{n}").exists())
