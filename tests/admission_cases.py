@@ -1,0 +1,155 @@
+"""Opaque parameters for the agent's drivers: chosen to cover each rule of the admission policy once, valid and
+invalid, with the field each invalid one names; generated (valid ones, and ones mutated by unknown fields, wrong
+types, values out of range and unknown types); and the claim or template that carries them. Shared by the
+policy's test with cel-python and by the real API server's test of the same policy."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import strategies as st
+
+from backends.config import CONFIG_API_VERSION
+
+__all__ = ["CHOSEN", "GPU", "SRIOV", "TPU", "VFIO", "claim", "gpu", "mutated", "valid_parameters", "vf"]
+
+GPU, SRIOV, TPU = "gpu.nvidia.com", "sriov.dra-agent.io", "tpu.google.com"
+
+
+def claim(driver: str, parameters: Any, template: bool = False) -> dict[str, Any]:
+    """A ResourceClaim (or a ResourceClaimTemplate) with one opaque configuration entry, and another driver's."""
+    devices = {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}], "config": [
+        {"opaque": {"driver": "other.example.com", "parameters": {"anything": [1, "goes"]}}},
+        {"requests": ["r"], "opaque": {"driver": driver, "parameters": parameters}},
+    ]}
+    if template:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t", "namespace": "default"}, "spec": {"spec": {"devices": devices}}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": devices}}
+
+
+def gpu(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig", **fields}
+
+
+def vf(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": CONFIG_API_VERSION, "kind": "VfConfig", **fields}
+
+
+VFIO = {"apiVersion": CONFIG_API_VERSION, "kind": "VfioConfig"}
+
+CHOSEN: list[tuple[str, Any, str | None]] = [
+    (GPU, gpu(), None),
+    (GPU, gpu(driverCapabilities=["compute", "video"], sharing={"strategy": "TimeSlicing"}), None),
+    (GPU, gpu(sharing=None), None),
+    (GPU, VFIO, None),
+    (SRIOV, vf(netDevice={"name": "net%d"}), None),
+    (SRIOV, VFIO, None),
+    (GPU, gpu(sharing={"strategy": "MPS"}), "sharing.strategy"),
+    (GPU, gpu(sharing={"strategy": "RoundRobin"}), "sharing.strategy"),
+    (GPU, gpu(sharing={}), "sharing.strategy"),
+    (GPU, gpu(sharing="TimeSlicing"), "sharing"),
+    (GPU, gpu(sharing={"strategy": "TimeSlicing", "interval": "Long"}), "sharing.interval"),
+    (GPU, gpu(driverCapabilities=["compute", "teleport"]), "driverCapabilities"),
+    (GPU, gpu(driverCapabilities=[]), "driverCapabilities"),
+    (GPU, gpu(devices=["/dev/sda"]), "devices"),
+    (GPU, vf(), "kind"),
+    (GPU, {"apiVersion": "dra-agent.io/v1", "kind": "GpuConfig"}, "kind"),
+    (GPU, {"kind": "GpuConfig"}, "kind"),
+    (GPU, {"apiVersion": 1, "kind": ["GpuConfig"]}, "kind"),
+    (SRIOV, vf(netDevice={"name": "eth0:1"}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": "a-very-long-name0"}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": "ü" * 8}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": ".."}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": "net%d%d"}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": "netà"}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": "lo"}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": "\u2003x"}), None),
+    (SRIOV, vf(netDevice={"name": "a\x1cb"}), None),
+    (SRIOV, vf(netDevice={}), "netDevice.name"),
+    (SRIOV, vf(netDevice={"name": "net1", "mtu": 9000}), "netDevice.mtu"),
+    (SRIOV, {**VFIO, "iommu": "off"}, "iommu"),
+    (TPU, gpu(), "kind"),
+]
+"""(driver, parameters, the first field the policy names: None when the parameters are valid)."""
+
+
+# Generated parameters
+
+_NAME_CHARS = st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789-_.%d/: \t\u00a0\u2028\u2003éà")
+_ODD_CHARS = st.sampled_from("%/: \t\n\0\x1c\x85\u00a0\u2028\u2003\u3000éà\u0420.")
+_PLAIN = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789-_"), max_size=9)
+# Plain names, names with one character out of the ordinary, names from anything.
+interface_names = st.one_of(_PLAIN, st.builds(lambda a, c, b: a + c + b, _PLAIN, _ODD_CHARS, _PLAIN),
+                            st.builds(lambda a, b: a + "%d" + b, _PLAIN, _PLAIN), st.text(_NAME_CHARS, max_size=18),
+                            st.sampled_from(["net1", "net%d", ".", "..", "", "lo", "lo0"]))
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False, allow_infinity=False),
+                         st.text(max_size=8), st.sampled_from(["compute", "MPS", "TimeSlicing", "GpuConfig"]))
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+field_names = st.one_of(st.from_regex(r"[a-zA-Z][a-zA-Z0-9]{0,8}", fullmatch=True),
+                        st.sampled_from(["strategy", "name", "sharing", "TimeSlicing", "kind"]))
+
+
+@st.composite
+def valid_parameters(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    kind = draw(st.sampled_from(["GpuConfig", "VfConfig", "VfioConfig"]))
+    params: dict[str, Any] = {"apiVersion": CONFIG_API_VERSION, "kind": kind}
+    if kind == "GpuConfig":
+        driver = GPU
+        if draw(st.booleans()):
+            params["driverCapabilities"] = draw(st.lists(st.sampled_from(["compute", "utility", "video", "graphics"]),
+                                                         min_size=1, max_size=4))
+        sharing = draw(st.sampled_from([None, "absent", "TimeSlicing", "ExclusiveProcess"]))
+        if sharing != "absent":
+            params["sharing"] = None if sharing is None else {"strategy": sharing}
+    elif kind == "VfConfig":
+        driver = SRIOV
+        net = draw(st.sampled_from(["absent", None, "named"]))
+        if net != "absent":
+            params["netDevice"] = None if net is None else {"name": draw(interface_names)}
+    else:
+        driver = draw(st.sampled_from([GPU, SRIOV]))
+    return driver, params
+
+
+def _objects(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every object in the parameters, the parameters themselves first."""
+    found = [params]
+    for value in params.values():
+        if isinstance(value, dict):
+            found += _objects(value)
+    return found
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    driver, params = draw(valid_parameters())
+    params = copy.deepcopy(params)
+    for _ in range(draw(st.integers(0, 2))):
+        how = draw(st.sampled_from(["unknown field", "wrong value", "out of range", "drop", "type", "driver"]))
+        obj = draw(st.sampled_from(_objects(params)))
+        if how == "unknown field":
+            obj[draw(field_names)] = draw(json_values)
+        elif how == "wrong value" and obj:
+            obj[draw(st.sampled_from(sorted(obj)))] = draw(json_values)
+        elif how == "out of range":
+            choice = draw(st.sampled_from(["caps", "strategy", "name"]))
+            if choice == "caps":
+                params["driverCapabilities"] = draw(st.lists(st.sampled_from(["compute", "utility", "teleport"]),
+                                                             max_size=6))
+            elif choice == "strategy":
+                params["sharing"] = {"strategy": draw(st.sampled_from(["MPS", "RoundRobin", "", "timeslicing"]))}
+            else:
+                params["netDevice"] = {"name": draw(st.text(_NAME_CHARS, min_size=14, max_size=70))}
+        elif how == "drop" and obj:
+            del obj[draw(st.sampled_from(sorted(obj)))]
+        elif how == "type":
+            params["kind"] = draw(st.sampled_from(["GpuConfig", "VfConfig", "VfioConfig", "TpuConfig", "gpuconfig"]))
+            if draw(st.booleans()):
+                params["apiVersion"] = draw(st.sampled_from(["dra-agent.io/v1", "v1", CONFIG_API_VERSION]))
+        elif how == "driver":
+            driver = draw(st.sampled_from([GPU, SRIOV, TPU]))
+    return driver, params
