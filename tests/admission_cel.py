@@ -17,9 +17,13 @@ __all__ = ["Evaluation", "evaluate"]
 _ENV = celpy.Environment()
 
 
+# The Kubernetes CEL library's list functions the policy uses (k8s.io/apiserver/pkg/cel/library/lists.go).
+_KUBERNETES_FUNCTIONS = {"min": lambda items: min(items)}
+
+
 @functools.cache
 def _program(expression: str) -> celpy.Runner:
-    return _ENV.program(_ENV.compile(expression))
+    return _ENV.program(_ENV.compile(expression), functions=_KUBERNETES_FUNCTIONS)
 
 
 def _run(expression: str, activation: Mapping[str, Any]) -> Any:

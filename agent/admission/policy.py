@@ -82,7 +82,10 @@ def _validation(variable: str, kind: str, check: Check) -> dict[str, Any]:
     if check.unknown is not None:
         obj, names = check.unknown
         prefix = f"{check.field}." if check.field else ""
-        first = f"variables.{variable}.filter(p, !({check.condition})).map(p, {obj}.filter(k, !(k in {names}))[0])[0]"
+        # The first unknown field in name order: a server iterates an object's keys in no fixed order, so "the
+        # first one found" would name different fields for the same object.
+        first = (f"variables.{variable}.filter(p, !({check.condition}))"
+                 f".map(p, {obj}.filter(k, !(k in {names})).min())[0]")
         found["messageExpression"] = (f"{literal(f'opaque parameters {kind}: {prefix}')} + {first}"
                                       f" + {literal(': ' + check.message)}")
     found["reason"] = "Invalid"
