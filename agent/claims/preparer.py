@@ -319,7 +319,7 @@ class Preparer:
         if self.metadata is not None:
             try:
                 await asyncio.to_thread(self.metadata.release, record)
-            except (OSError, MetadataError) as e:
+            except MetadataError as e:
                 return f"cannot remove the device metadata of claim {_name(ref)}: {e}"
         error = await unprepare_on_backends(self.backends, ref, record)
         if error:
