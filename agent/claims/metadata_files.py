@@ -2,8 +2,9 @@
 
 What goes into them is worked out in agent/claims/metadata.py; this module owns the files: the host files in
 `<plugin data folder>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json` (0644, folders 0755) and the
-CDI specs `<driver>_metadata_<claim UID>_<request>.json` in the CDI folder. Every call blocks on the file system
-(the preparer runs them in a worker thread) and raises MetadataError with a message for the claim.
+CDI specs `<driver>_metadata_<claim UID>_<request>.json` in the CDI folder. Every call but `check` and `prepared`
+blocks on the file system (the preparer runs them in a worker thread) and raises MetadataError with a message for
+the claim.
 
 Removing what is not there counts as removed: a file or folder already gone, or one whose name the file system
 could never hold, so that a claim's unprepare and the roll-back of a failed prepare always complete.
@@ -23,9 +24,12 @@ from agent.claims.metadata import (
     CDI_CLASS,
     DIRECTORY,
     FILE,
+    NAME_MAX,
+    PATH_MAX,
     ClaimIdentity,
     MetadataError,
     RequestFile,
+    check_names,
     claim_directory,
     decode_stream,
     is_metadata_id,
@@ -53,6 +57,7 @@ class MetadataFiles:
         self.pool = pool
         self.plugin_dir = Path(plugin_dir).absolute()
         self.enabled = enabled
+        self._name_max, self._path_max = _limits(self.root)
         self._store: SpecStore | None = None
         self._problem = ""
         try:
@@ -65,6 +70,14 @@ class MetadataFiles:
         return self.plugin_dir / DIRECTORY
 
     # --- what the preparer calls ------------------------------------------------------------------------
+
+    def check(self, allocation: ClaimAllocation) -> None:
+        """Pure: MetadataError when the claim's files cannot be made, before anything is written (a name the file
+        system cannot hold, a request or pod claim name that is no path part)."""
+        ref = allocation.ref
+        claim = ClaimIdentity(ref.uid, ref.namespace, ref.name, allocation.pod_claim_name)
+        check_names(self.driver, claim, [d.request for d in allocation.devices], str(self.plugin_dir),
+                    name_max=self._name_max, path_max=self._path_max)
 
     def prepared(self, allocation: ClaimAllocation, records: Sequence[DeviceRecord]
                  ) -> tuple[tuple[DeviceRecord, ...], ClaimIdentity, list[RequestFile]]:
@@ -260,6 +273,18 @@ def _why(e: Exception) -> str:
     if isinstance(e, OSError) and e.strerror:
         return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     return str(e)
+
+
+def _limits(folder: Path) -> tuple[int, int]:
+    """The longest file name and path (bytes) of the file system that holds `folder` (or will: the nearest folder
+    that exists), or Linux's usual limits when it does not say."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        name_max, path_max = os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX, PATH_MAX
+    return (name_max if name_max > 0 else NAME_MAX), (path_max if path_max > 0 else PATH_MAX)
 
 
 def _write_atomically(path: Path, content: bytes) -> None:

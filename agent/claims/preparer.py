@@ -165,6 +165,11 @@ class Preparer:
         conflict = held_elsewhere(ref.uid, plan, self.checkpoint.claims.values())
         if conflict:
             return ClaimResult(error=conflict)
+        if self.metadata is not None and self.metadata.enabled:
+            try:
+                self.metadata.check(plan.allocation)  # names the files cannot have: refused before anything is done
+            except MetadataError as e:
+                return ClaimResult(error=str(e))
         failpoint("prepare-before-started")
         pairs = tuple((a.device, owner.name, a.share_id) for owner, allocated in plan.per_backend.values()
                       for a in allocated)
