@@ -12,6 +12,7 @@ from typing import Any
 from agent.claims.cdi import CLASS, vendor
 from agent.claims.checkpoint import Checkpoint
 from agent.claims.collaborators import CLAIM_READ_SECONDS, ClaimMemory, ClaimSource, DriverDevices, Reporting
+from agent.claims.metadata_files import MetadataFiles
 from agent.claims.plan import Owner
 from agent.claims.preparer import Preparer
 from agent.logs import get_logger
@@ -21,6 +22,7 @@ from agent.node.plugins import LoadedPlugin, find_plugins, load_plugins
 from backends.contract import ClaimRef
 from cdi.store import SpecStore
 from simulator.node.node import SimulatedNode
+from tests.agent_env import journal_entries
 
 NODE = "node-a"
 
@@ -69,9 +71,14 @@ class PrepareEnv:
     def cdi_dir(self) -> Path:
         return self.root / "cdi"
 
-    def preparer(self, driver: str, boot_id: str | None = None,
-                 read_seconds: float = CLAIM_READ_SECONDS) -> Preparer:
-        """A (new) Preparer for a driver, as a (re)started agent would build it."""
+    def plugin_dir(self, driver: str) -> Path:
+        """The driver's plugin data folder (where its device metadata files go)."""
+        return self.root / "plugins" / driver
+
+    def preparer(self, driver: str, boot_id: str | None = None, read_seconds: float = CLAIM_READ_SECONDS, *,
+                 device_metadata: bool | None = None, reporting: Reporting | None = None) -> Preparer:
+        """A (new) Preparer for a driver, as a (re)started agent would build it. `device_metadata`: the setting
+        (None: the preparer has no metadata files at all); `reporting`: who hears of what it does."""
         owners: dict[str, Owner] = {}
         backends = {}
         for report in self.reports:
@@ -87,11 +94,25 @@ class PrepareEnv:
             ClaimMemory(Checkpoint(self.root / "state" / driver / "checkpoint.journal", boot),
                         SpecStore(self.cdi_dir, vendor(driver), CLASS)),
             ClaimSource(self.claims, read_seconds),
-            reporting=Reporting(get_logger("test")),
+            reporting=reporting or Reporting(get_logger("test")),
+            metadata=None if device_metadata is None else MetadataFiles(
+                driver, NODE, self.plugin_dir(driver), self.cdi_dir, enabled=device_metadata),
         )
         preparer.checkpoint.load()
         self.preparers[driver] = preparer
         return preparer
+
+    def kept_of(self, preparer: Preparer, ref: ClaimRef) -> list[str]:
+        """What is kept of a claim: its record, CDI specs and device metadata folder, its backends' journal entries
+        (with `backend_state`)."""
+        claims = preparer.checkpoint.claims
+        found = [f"{claims[ref.uid].state} record"] if ref.uid in claims else []
+        found += [p.name for p in self.cdi_dir.glob(f"*{ref.uid}*")]
+        metadata = self.plugin_dir(preparer.driver) / "dra-device-metadata"
+        found += [p.name for p in metadata.glob(f"{ref.namespace}_*")] if metadata.is_dir() else []
+        found += [f"{journal.name}: {key}" for journal in (self.root / "backends").rglob("*.json")
+                  for key, entry in journal_entries(journal).items() if ref.uid in f"{key} {entry}"]
+        return found
 
     def devices(self, driver: str) -> list[str]:
         return sorted(d.name for r in self.reports if r.driver == driver and r.inventory for d in r.inventory.devices)
@@ -102,11 +123,14 @@ class PrepareEnv:
         await stop_all(self.plugins)
 
 
-async def prepare_env(node: SimulatedNode, root: Path, backends: tuple[str, ...] | None = None) -> PrepareEnv:
+async def prepare_env(node: SimulatedNode, root: Path, backends: tuple[str, ...] | None = None, *,
+                      backend_state: bool = False) -> PrepareEnv:
+    """`backend_state`: the backends keep their records under `root/backends` (what GPU passthrough needs)."""
     found, _ = find_plugins()
     loaded, _ = load_plugins(found, backends)
     host = Host(node.sysfs, node.dev, node.root, node.profile.name, driver_root=node.driver_root)
-    started, errors = await start_all(loaded, host, lambda name: {})
+    started, errors = await start_all(loaded, host, lambda name: {},
+                                      state_root=root / "backends" if backend_state else None)
     assert not errors, errors
     reports = await discover_all(started, lambda driver: driver)
     return PrepareEnv(node, root, FakeClaims(), reports, started)

@@ -11,6 +11,10 @@ ResourceSlice form) and network data. The file goes to
 `.../resourceclaimtemplates/<pod claim name>/<request>/...` for a claim made from a template, where a workload (a
 KubeVirt launcher) looks for it. The CDI ID `<driver>/metadata=<claim UID>_<request>` goes with the first device
 of the request in the kubelet's answer.
+
+Every name a claim puts into these paths is checked before anything is written (`check_names`): the annotation and
+the request names are DNS labels, and `<namespace>_<claim>` (up to 63 + 1 + 253 bytes, over the 255 bytes a file name
+may have) must fit the file system.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 from agent.claims.records import DeviceRecord
 from agent.kube.names import is_dns_label
 from backends.attributes import attribute_json
-from cdi.names import CdiNameError, qualified_name
+from cdi.names import MAX_SPEC_FILE_NAME, CdiNameError, qualified_name
 from cdi.spec import ContainerEdits, Device, Mount, Spec
 
 __all__ = [
@@ -35,12 +39,15 @@ __all__ = [
     "DIRECTORY",
     "FILE",
     "KIND",
+    "NAME_MAX",
+    "PATH_MAX",
     "ClaimIdentity",
     "MetadataError",
     "RequestFile",
     "Result",
     "base_request",
     "cdi_id",
+    "check_names",
     "claim_directory",
     "container_path",
     "decode_stream",
@@ -63,6 +70,12 @@ DIRECTORY = "dra-device-metadata"
 """The host folder of the files, in the driver's plugin data folder."""
 FILE = "metadata.json"
 MOUNT_OPTIONS = ("ro", "bind")
+NAME_MAX = 255
+"""Bytes a file name may have (Linux's usual file systems), when the file system does not say."""
+PATH_MAX = 4096
+"""Bytes a path may have, with its terminating zero (Linux), when the file system does not say."""
+_TEMP_ROOM = len(".metadata.json.12345678.tmp") - len(FILE)
+"""What the temporary file of an atomic write adds to a file's name (agent/claims/metadata_files.py)."""
 
 
 class MetadataError(ValueError):
@@ -184,16 +197,11 @@ def request_files(driver: str, pool: str, claim: ClaimIdentity, allocated: Seque
     """The file and spec of each request of a prepared claim. `allocated`: the allocation results of this driver, in
     the claim's order; `records`: the prepared devices; `plugin_dir`: the driver's plugin data folder as an absolute
     path."""
-    if claim.pod_claim_name is not None and not is_dns_label(claim.pod_claim_name):
-        raise MetadataError(f"claim {claim.namespace}/{claim.name}: annotation resource.kubernetes.io/pod-claim-name "
-                            f"{claim.pod_claim_name[:80]!r} is not a pod claim name (a DNS label)")
+    check_names(driver, claim, [result[0] for result in allocated], plugin_dir)
     by_device = {(r.device, r.share_id): r for r in records}
     requests: dict[str, tuple[str, list[DeviceRecord]]] = {}
     for result in allocated:
         request, key = _parts(result)
-        if not all(is_dns_label(part) for part in request.split("/", 1)):
-            raise MetadataError(f"claim {claim.namespace}/{claim.name}: request name {request[:80]!r} is not a DNS "
-                                "label (or two, for a subrequest): it cannot name a metadata file")
         record = by_device.get(key)
         if record is None:
             raise MetadataError(f"device {key[0]} of request {request} was not prepared")
@@ -211,6 +219,42 @@ def request_files(driver: str, pool: str, claim: ClaimIdentity, allocated: Seque
             raise MetadataError(f"driver name {driver} cannot name a CDI kind: {e}") from None
         files.append(RequestFile(base, relative, content, spec, identifier))
     return files
+
+
+def check_names(driver: str, claim: ClaimIdentity, requests: Sequence[str], plugin_dir: str, *,
+                name_max: int = NAME_MAX, path_max: int = PATH_MAX) -> None:
+    """MetadataError, saying which name and why, unless every file and folder of the claim's metadata can be made:
+    the pod claim name and the request names are DNS labels (they are path parts), each file or folder name has at
+    most `name_max` bytes, each path fewer than `path_max`, and each CDI spec file name fits the spec store. Pure;
+    `requests` as allocated (`req` or `req/sub`), `plugin_dir` as in `request_files`."""
+    where = f"claim {claim.namespace}/{claim.name}"
+    if claim.pod_claim_name is not None and not is_dns_label(claim.pod_claim_name):
+        raise MetadataError(f"{where}: annotation resource.kubernetes.io/pod-claim-name "
+                            f"{claim.pod_claim_name[:80]!r} is not a pod claim name (a DNS label)")
+    for request in requests:
+        if not all(is_dns_label(part) for part in request.split("/", 1)):
+            raise MetadataError(f"{where}: request name {request[:80]!r} is not a DNS label (or two, for a "
+                                "subrequest): it cannot name a metadata file")
+    folder = claim_directory(claim.namespace, claim.name).name
+    if len(folder.encode()) > name_max:
+        raise MetadataError(
+            f"{where} cannot get device metadata (setting device_metadata): the name of its folder, "
+            f"<namespace>_<claim name>, would have {len(folder.encode())} bytes, more than the {name_max} a file name "
+            f"may have on this node; namespace and claim name together may have at most {name_max - 1} characters")
+    for base in dict.fromkeys(base_request(r) for r in requests):
+        if len(base.encode()) > name_max:  # a DNS label has at most 63; a file system may allow fewer
+            raise MetadataError(f"{where}: request name {base} has more than the {name_max} bytes a file name may "
+                                "have on this node: it cannot name a metadata folder")
+        path = f"{plugin_dir.rstrip('/')}/{host_file(claim.namespace, claim.name, base)}"
+        if len(path.encode()) + _TEMP_ROOM >= path_max:
+            raise MetadataError(f"{where}: the path of its device metadata file for request {base} would have "
+                                f"{len(path.encode())} bytes, too long for a path on this node (at most "
+                                f"{path_max - 1 - _TEMP_ROOM} here)")
+        spec_file = f"{spec_file_prefix(driver)}{transient_id(claim.uid, base)}.json"
+        if len(spec_file.encode()) > MAX_SPEC_FILE_NAME:
+            raise MetadataError(f"{where}: the CDI spec file of its device metadata for request {base} would have a "
+                                f"name of {len(spec_file.encode())} bytes, more than the {MAX_SPEC_FILE_NAME} a spec "
+                                "file name may have")
 
 
 def with_metadata_ids(records: Sequence[DeviceRecord], allocated: Sequence[Result],

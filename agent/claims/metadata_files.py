@@ -2,13 +2,18 @@
 
 What goes into them is worked out in agent/claims/metadata.py; this module owns the files: the host files in
 `<plugin data folder>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json` (0644, folders 0755) and the
-CDI specs `<driver>_metadata_<claim UID>_<request>.json` in the CDI folder. Every call blocks on the file system
-(the preparer runs them in a worker thread) and raises OSError or MetadataError with a message for the claim.
+CDI specs `<driver>_metadata_<claim UID>_<request>.json` in the CDI folder. Every call but `check` and `prepared`
+blocks on the file system (the preparer runs them in a worker thread) and raises MetadataError with a message for
+the claim.
+
+Removing what is not there counts as removed: a file or folder already gone, or one whose name the file system
+could never hold, so that a claim's unprepare and the roll-back of a failed prepare always complete.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Collection, Sequence
@@ -19,9 +24,12 @@ from agent.claims.metadata import (
     CDI_CLASS,
     DIRECTORY,
     FILE,
+    NAME_MAX,
+    PATH_MAX,
     ClaimIdentity,
     MetadataError,
     RequestFile,
+    check_names,
     claim_directory,
     decode_stream,
     is_metadata_id,
@@ -49,6 +57,7 @@ class MetadataFiles:
         self.pool = pool
         self.plugin_dir = Path(plugin_dir).absolute()
         self.enabled = enabled
+        self._name_max, self._path_max = _limits(self.root)
         self._store: SpecStore | None = None
         self._problem = ""
         try:
@@ -61,6 +70,14 @@ class MetadataFiles:
         return self.plugin_dir / DIRECTORY
 
     # --- what the preparer calls ------------------------------------------------------------------------
+
+    def check(self, allocation: ClaimAllocation) -> None:
+        """Pure: MetadataError when the claim's files cannot be made, before anything is written (a name the file
+        system cannot hold, a request or pod claim name that is no path part)."""
+        ref = allocation.ref
+        claim = ClaimIdentity(ref.uid, ref.namespace, ref.name, allocation.pod_claim_name)
+        check_names(self.driver, claim, [d.request for d in allocation.devices], str(self.plugin_dir),
+                    name_max=self._name_max, path_max=self._path_max)
 
     def prepared(self, allocation: ClaimAllocation, records: Sequence[DeviceRecord]
                  ) -> tuple[tuple[DeviceRecord, ...], ClaimIdentity, list[RequestFile]]:
@@ -83,15 +100,18 @@ class MetadataFiles:
             _, claim, files = self.prepared(allocation, record.devices)
             return self.write_missing(claim, [f for f in files if f.request in requests])
         except (OSError, CdiSpecError, CdiNameError) as e:
-            raise MetadataError(f"cannot re-create the device metadata: {e}") from None
+            raise MetadataError(f"cannot re-create the device metadata: {_why(e)}") from None
 
     def release(self, record: ClaimRecord) -> None:
         """Remove what a claim may have: the files its record names, or, for a prepare cut short or a claim known
         from its CDI spec alone, whatever carries its UID."""
-        if record.state == "started" or record.recovered:
-            self.remove(record.uid, record.namespace, record.name, None)
-        elif requests := self._requests(record):
-            self.remove(record.uid, record.namespace, record.name, requests)
+        try:
+            if record.state == "started" or record.recovered:
+                self.remove(record.uid, record.namespace, record.name, None)
+            elif requests := self._requests(record):
+                self.remove(record.uid, record.namespace, record.name, requests)
+        except OSError as e:
+            raise MetadataError(_why(e)) from None
 
     def _requests(self, record: ClaimRecord) -> list[str]:
         prefix = f"{record.uid}_"
@@ -110,7 +130,7 @@ class MetadataFiles:
         except (OSError, CdiSpecError, CdiNameError) as e:
             with contextlib.suppress(OSError, MetadataError):
                 self.remove(claim.uid, claim.namespace, claim.name, [f.request for f in files])
-            raise MetadataError(f"cannot write the device metadata: {e}") from None
+            raise MetadataError(f"cannot write the device metadata: {_why(e)}") from None
 
     def write_missing(self, claim: ClaimIdentity, files: Sequence[RequestFile]) -> list[str]:
         """Write the files and specs that are gone (a wiped plugin folder, the CDI tmpfs emptied) or that another claim
@@ -163,7 +183,8 @@ class MetadataFiles:
     def remove(self, uid: str, namespace: str, name: str, requests: Sequence[str] | None) -> None:
         """Remove a claim's specs and host files. `requests` None: not known (a prepare cut short, a claim known
         from its CDI spec alone), so every spec of the claim UID goes, and with no name, every host folder whose
-        file names this UID. Files another claim of the same name wrote meanwhile stay."""
+        file names this UID. Files another claim of the same name wrote meanwhile stay; what is not there counts
+        as removed."""
         store = self._specs()
         if requests is None:
             prefix = f"{uid}_"
@@ -171,7 +192,8 @@ class MetadataFiles:
         else:
             ids = [transient_id(uid, r) for r in requests]
         for identifier in ids:
-            store.delete(identifier)
+            with contextlib.suppress(CdiNameError):  # no spec file can have that name: none was written
+                store.delete(identifier)
         folders = [self.plugin_dir / claim_directory(namespace, name)] if name else self._folders()
         for folder in folders:
             self._remove_claim_folder(folder, uid)
@@ -189,7 +211,7 @@ class MetadataFiles:
                     temp.unlink(missing_ok=True)
                 uid = self._written_for(request / FILE)
                 if uid is not None and uid not in keep:
-                    shutil.rmtree(request)
+                    _remove_tree(request)
                     removed.add(uid)
             with contextlib.suppress(OSError):  # not empty: files of claims kept
                 folder.rmdir()
@@ -198,14 +220,16 @@ class MetadataFiles:
     def _remove_claim_folder(self, folder: Path, uid: str) -> None:
         try:
             requests = [e for e in folder.iterdir() if e.is_dir()]
-        except FileNotFoundError:
-            return
-        except NotADirectoryError:
-            folder.unlink()
+        except OSError as e:
+            if _never_there(e):
+                return
+            if e.errno != errno.ENOTDIR:
+                raise
+            folder.unlink(missing_ok=True)
             return
         for request in requests:
             if self._written_for(request / FILE) in (uid, None):
-                shutil.rmtree(request)
+                _remove_tree(request)
         with contextlib.suppress(OSError):  # not empty: another claim's files
             folder.rmdir()
 
@@ -228,6 +252,39 @@ class MetadataFiles:
         if self._store is None:
             raise MetadataError(self._problem)
         return self._store
+
+
+def _remove_tree(folder: Path) -> None:
+    """Remove a folder and what it holds; one already gone (a concurrent sweep, an operator) counts as removed."""
+    try:
+        shutil.rmtree(folder)
+    except OSError as e:
+        if not _never_there(e):
+            raise
+
+
+def _never_there(e: OSError) -> bool:
+    """Whether an error says the file is not there: gone, or a name the file system cannot hold (never made)."""
+    return e.errno in (errno.ENOENT, errno.ENAMETOOLONG)
+
+
+def _why(e: Exception) -> str:
+    """What went wrong, in words for the claim: the file and the system's reason, without the error number."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return str(e)
+
+
+def _limits(folder: Path) -> tuple[int, int]:
+    """The longest file name and path (bytes) of the file system that holds `folder` (or will: the nearest folder
+    that exists), or Linux's usual limits when it does not say."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        name_max, path_max = os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX, PATH_MAX
+    return (name_max if name_max > 0 else NAME_MAX), (path_max if path_max > 0 else PATH_MAX)
 
 
 def _write_atomically(path: Path, content: bytes) -> None:

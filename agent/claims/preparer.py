@@ -5,7 +5,8 @@ opaque configuration, then under the claim's and its devices' locks: answer from
 prepared (re-creating a lost CDI spec), refuse devices prepared for another claim, record `started`, let the owning
 backends prepare, write the device metadata files (agent/claims/metadata_files.py, when on) and the claim's CDI spec,
 record `completed`, answer. Unprepare works from the checkpoint alone.
-A failure fails that claim only; whatever was done for it is undone. Devices allocated with admin access are not in
+A failure fails that claim only; whatever was done for it is undone and its record goes (a claim whose metadata
+files cannot be made is refused before anything is done). Devices allocated with admin access are not in
 use: they neither block nor are blocked by other claims. A device shared by capacity is held by shares: its shares
 may be prepared for many claims at once (each its own record, CDI device and share id; the owning backend decides
 whether their configurations fit together), but never together with a claim holding it whole. Start-up recovery is
@@ -22,7 +23,7 @@ from dataclasses import replace
 
 from agent.claims.backend_calls import prepare_on_backends, unprepare_on_backends
 from agent.claims.cdi import cdi_device_id, claim_spec
-from agent.claims.checkpoint import Started
+from agent.claims.checkpoint import CheckpointError, Started
 from agent.claims.collaborators import ClaimMemory, ClaimSource, DriverDevices, InstanceGuard, Reporting
 from agent.claims.holding import held_elsewhere
 from agent.claims.locks import KeyedLocks
@@ -165,10 +166,24 @@ class Preparer:
         conflict = held_elsewhere(ref.uid, plan, self.checkpoint.claims.values())
         if conflict:
             return ClaimResult(error=conflict)
+        if self.metadata is not None and self.metadata.enabled:
+            try:
+                self.metadata.check(plan.allocation)  # names the files cannot have: refused before anything is done
+            except MetadataError as e:
+                return ClaimResult(error=str(e))
         failpoint("prepare-before-started")
         pairs = tuple((a.device, owner.name, a.share_id) for owner, allocated in plan.per_backend.values()
                       for a in allocated)
         started = await self._start(ref, plan, pairs)
+        try:
+            return await self._prepare_started(ref, plan, started)
+        except Exception:
+            # A bug on the way: undo from the record, as after a crash, so that the devices are not held.
+            await self.roll_back(self.checkpoint.claims.get(ref.uid, started))
+            raise
+
+    async def _prepare_started(self, ref: ClaimRef, plan: Plan, started: ClaimRecord) -> ClaimResult:
+        """Prepare on the backends and publish, once the claim is recorded `started`; a failure is undone."""
         failpoint("prepare-after-started")
         prepared, error = await prepare_on_backends(ref, plan, self.log)
         if error:
@@ -196,7 +211,7 @@ class Preparer:
             completed = await asyncio.to_thread(self._publish, started, records, plan.allocation)
         except Exception as e:
             await self._undo(ref, prepared, started)
-            return ClaimResult(error=str(e) if isinstance(e, MetadataError) else f"cannot write the CDI spec: {e}")
+            return ClaimResult(error=_publish_error(e))
         failpoint("prepare-after-completed")
         return self._answer(ref, completed)
 
@@ -250,9 +265,9 @@ class Preparer:
                 return
         try:
             await asyncio.to_thread(self._drop, started)
-        except (OSError, MetadataError) as e:
-            # Keep the `started` record: the next prepare or restart removes the files again.
-            self.log.error("removing the device metadata of a failed prepare failed", claim=_name(ref), error=str(e))
+        except Exception as e:
+            # Keep the `started` record: the next prepare, unprepare or restart removes the files again.
+            self.log.error("removing what a failed prepare wrote failed", claim=_name(ref), error=str(e))
 
     def _drop(self, started: ClaimRecord) -> None:
         """The end of `_undo`: the claim's metadata files and CDI spec, then its `started` record (one worker-thread
@@ -319,7 +334,7 @@ class Preparer:
         if self.metadata is not None:
             try:
                 await asyncio.to_thread(self.metadata.release, record)
-            except (OSError, MetadataError) as e:
+            except MetadataError as e:
                 return f"cannot remove the device metadata of claim {_name(ref)}: {e}"
         error = await unprepare_on_backends(self.backends, ref, record)
         if error:
@@ -383,6 +398,16 @@ class Preparer:
                 await stack.enter_async_context(self.shared_state())
             await stack.enter_async_context(self._locks.hold([f"claim/{uid}", *(f"device/{d}" for d in devices)]))
             yield
+
+
+def _publish_error(e: Exception) -> str:
+    """Why writing a prepared claim's files failed, in words for the claim."""
+    if isinstance(e, MetadataError | CheckpointError):
+        return str(e)  # they say what they were writing
+    if isinstance(e, OSError) and e.strerror:
+        where = f" {e.filename}" if e.filename else ""
+        return f"cannot write the CDI spec{where}: {e.strerror}"
+    return f"cannot write the CDI spec: {e}"
 
 
 def _name(ref: ClaimRef) -> str:
