@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import pytest
@@ -95,7 +96,7 @@ def test_parse_quantity_rejects_everything_else(text: str) -> None:
 
 
 def test_parse_quantity_bounds_huge_exponents() -> None:
-    with pytest.raises(ValueError, match="exponent"):
+    with pytest.raises(ValueError, match="too large"):
         parse_quantity("1e1000000000")
 
 
@@ -181,3 +182,36 @@ def test_format_then_parse_round_trips(n: int) -> None:
     assert parse_quantity(text) == n
     if n < 2**63:  # above that the server caps binary-suffixed values, not plain digits
         assert same_quantity(text, str(n))
+
+
+# --- hostile sizes ------------------------------------------------------------------------------------------------
+
+INTERNALS = re.compile(r"[A-Z]\w*(Error|Exception)\b|Traceback|int_max_str_digits|\[Errno")
+
+
+def shown(text: str) -> str:
+    """A long text as messages quote it: its first 32 characters."""
+    return f'"{text[:32]}…"'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1e1001", 'quantity "1e1001" is too large'),
+        ("1e" + "9" * 5000, f"quantity {shown('1e' + '9' * 5000)} is too large"),
+        ("1e-" + "9" * 5000, f"quantity {shown('1e-' + '9' * 5000)} is too small"),
+        ("9" * 5000, f"quantity {shown('9' * 5000)} is too long: more than 4000 digits"),
+        ("0." + "0" * 5000 + "1", f"quantity {shown('0.' + '0' * 5000)} is too long: more than 4000 digits"),
+        ("1e" + "0" * 5000 + "3", None),  # leading zeros: 1e3
+        ("0e99999", None),  # nothing times anything is nothing, as the server computes it
+    ],
+)
+def test_parse_quantity_says_in_words_when_a_quantity_is_too_large_or_too_long(text: str, message: str | None) -> None:
+    if message is None:
+        assert parse_quantity(text) in (1000, 0)
+        return
+    with pytest.raises(ValueError) as refused:
+        parse_quantity(text)
+    assert str(refused.value) == message
+    assert not INTERNALS.search(str(refused.value))
+
