@@ -1,4 +1,5 @@
-"""Kubernetes ``resource.Quantity`` text: parsing, our canonical formatting, and comparison.
+"""Kubernetes ``resource.Quantity`` text: parsing, our canonical formatting, comparison, and the form the API
+server stores a quantity in (``served_form``), with which amounts read from it are checked (``read_amount``).
 
 Grammar accepted by :func:`parse_quantity`::
 
@@ -26,12 +27,14 @@ import re
 from fractions import Fraction
 from typing import NamedTuple
 
-__all__ = ["format_quantity", "parse_quantity", "same_quantity"]
+__all__ = ["INT64_MAX", "format_quantity", "parse_quantity", "read_amount", "same_quantity", "served_form"]
 
 _BINARY_SUFFIXES: dict[str, int] = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL_SUFFIXES: dict[str, int] = {
     "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
 }  # fmt: skip
+_DECIMAL_SUFFIX_OF = {power: suffix for suffix, power in _DECIMAL_SUFFIXES.items()}
+_BINARY_SUFFIX_OF = {power: suffix for suffix, power in _BINARY_SUFFIXES.items()} | {0: ""}
 
 # [0-9] rather than \d: Python's \d also matches non-ASCII digits.
 _QUANTITY_RE = re.compile(
@@ -45,10 +48,13 @@ _MAX_EXPONENT = 1000
 _MAX_DIGITS = 4000
 _SHOWN = 32  # characters of a long text quoted in a message
 
+INT64_MAX = 2**63 - 1
+"""The largest amount Kubernetes computes with: the API server caps binary-suffixed quantities at it, the
+scheduler's capacity arithmetic and the policy checks of a ResourceSlice stop there."""
+
 # The API server rounds every value away from zero to whole nano units and caps
 # binary-suffixed magnitudes at the int64 maximum (apimachinery ParseQuantity).
 _NANO = Fraction(1, 10**9)
-INT64_MAX = 2**63 - 1
 
 
 class _Parts(NamedTuple):
@@ -146,6 +152,57 @@ def _stored(parts: _Parts) -> Fraction:
     return -magnitude if value < 0 else magnitude
 
 
+def _kept_as_written(parts: _Parts) -> bool:
+    """Whether the API server keeps a quantity's text as it was written rather than writing its own.
+
+    apimachinery's ParseQuantity keeps the text when a quick look at its digits takes it for its own form: few
+    enough digits for int64, and, with a binary suffix, no fraction and a number not divisible by 8; otherwise a
+    power of ten that is a multiple of three, no trailing "000" and no leading zero after the sign. So "+1Gi",
+    "01Gi", "1.Gi", "1E3" and "1e+3" are kept, though it would never write them itself.
+    """
+    number, fraction = parts.integer.lstrip("0") or "0", parts.fraction
+    if parts.form == "binary":
+        digits_left = 15 - len(number) - parts.exponent * 3 // 10 - 1
+        return not fraction and digits_left >= 0 and int(number) & 7 != 0
+    shifted, scale = number + fraction, parts.exponent - len(fraction)
+    return (len(shifted) <= 18 and scale >= -9 and scale % 3 == 0 and not shifted.endswith("000")
+            and not shifted.startswith("0"))
+
+
+def _canonical(value: Fraction, form: str) -> str:
+    """The API server's own text for a value it keeps, in the form its text had (apimachinery's String)."""
+    if value == 0:
+        return "0"
+    if form == "binary" and (abs(value) < 1024 or value.denominator != 1):
+        form = "decimal"  # below 1Ki, or not whole: decimal, so nothing is rounded
+    if form == "binary":
+        amount, power = int(value), 0
+        while amount % 1024 == 0:
+            amount, power = amount // 1024, power + 1
+        return f"{amount}{_BINARY_SUFFIX_OF.get(power, '')}"
+    # value = amount * 10**exponent, amount whole; then the exponent made a multiple of three, downwards.
+    amount, exponent = value.numerator * 10**9 // value.denominator, -9  # whole nano units: exact, as kept
+    while amount % 10 == 0:
+        amount, exponent = amount // 10, exponent + 1
+    amount, exponent = amount * 10 ** (exponent % 3), exponent - exponent % 3
+    if form == "exponent":
+        return f"{amount}e{exponent}" if exponent else str(amount)
+    # Decimal suffixes end at E (10^18): the server writes a larger value's digits without one, as here.
+    return f"{amount}{_DECIMAL_SUFFIX_OF.get(exponent, '')}"
+
+
+def served_form(text: str) -> str:
+    """The text the API server stores and serves for the quantity ``text``: the text itself when it keeps it as
+    written, else its own (``1024Mi`` -> ``1Gi``, ``1000`` -> ``1k``, ``1.5`` -> ``1500m``, ``12E-2`` ->
+    ``120e-3``, ``8Ei`` -> ``9223372036854775807``).
+
+    A quantity read from the API server is always in its served form; one that is not was never stored by it.
+    Raises ``ValueError`` as ``parse_quantity`` does.
+    """
+    parts = _split(text)
+    return text if _kept_as_written(parts) else _canonical(_stored(parts), parts.form)
+
+
 def same_quantity(a: str, b: str) -> bool:
     """Whether two quantity texts denote the value the API server would store for each.
 
@@ -156,3 +213,19 @@ def same_quantity(a: str, b: str) -> bool:
     """
     return _stored(_split(a)) == _stored(_split(b))
 
+
+def read_amount(text: str) -> Fraction:
+    """The amount of a capacity that ``text``, as read from the API server, denotes.
+
+    Raises ``ValueError``, with a message in words, unless ``text`` is a quantity the API server writes itself
+    (``served_form``), neither negative nor larger than ``INT64_MAX``: the server stores any quantity, but
+    Kubernetes computes amounts of capacity in int64 and never hands out a negative one.
+    """
+    amount, served = parse_quantity(text), served_form(text)
+    if amount > INT64_MAX:
+        raise ValueError(f"quantity {_shown(text)} is too large: an amount of capacity is at most {INT64_MAX}")
+    if amount < 0:
+        raise ValueError(f"quantity {_shown(text)} is negative")
+    if served != text:
+        raise ValueError(f"quantity {_shown(text)} is not as the API server writes it ({_shown(served)})")
+    return amount
