@@ -316,8 +316,10 @@ async def test_shares_that_would_overcommit_the_gpu_are_refused_and_leave_nothin
         answers = await plugin.prepare([late, huge])
         assert answers[late.uid].error.endswith(f"{DEVICE}: this share's 40Gi of memory does not fit: the shares "
                                                 "prepared on the GPU hold 50Gi of its 79.65Gi")
-        assert answers[huge.uid].error.endswith(f"{DEVICE}: this share holds 90Gi of memory, more than the GPU's "
-                                                "79.65Gi")
+        assert answers[huge.uid].error == (
+            "claim default/huge: status.allocation.devices.results[0].consumedCapacity.memory: \"90Gi\" is above "
+            f"the maximum of {DEVICE}'s requestPolicy for memory (validRange: min 1Gi, max 79Gi, step 1Gi; default "
+            "79Gi)")
         assert set(records(env)) == {first.uid}
         assert spec_of(env, late.uid) is None and spec_of(env, huge.uid) is None
         shares = backend_journal(env.settings.state_dir, "gpu-shares.json")
