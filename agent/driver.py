@@ -307,7 +307,7 @@ class Driver:
             backend = report.plugin.backend
             types = tuple(backend.config_types) if isinstance(backend, HasConfigTypes) else ()
             for device in report.inventory.devices if report.inventory else ():
-                owners.setdefault(device.name, Owner(report.name, backend, types))
+                owners.setdefault(device.name, Owner(report.name, backend, types, device))
         self._owners.clear()
         self._owners.update(owners)
 

@@ -372,7 +372,7 @@ def test_node_selector_and_all_nodes_slices() -> None:
     ([exactly("a", "gpu", mode="Some")], None, "request a: allocationMode 'Some' is not supported (ExactCount or All)"),
     ([exactly("a", "")], None, "request a: deviceClassName is required"),
     ([exactly("a", "gpu", capacity={"requests": {"memory": "lots"}})], None,
-     "request a: capacity request memory: invalid quantity 'lots': expected an optionally signed decimal number "
+     'request a: capacity request memory: invalid quantity "lots": expected an optionally signed decimal number '
      "followed by an optional suffix: Ki, Mi, Gi, Ti, Pi, Ei, n, u, m, k, M, G, T, P, E, or e<integer>"),
     ([exactly("a", "gpu", capacity={"memory": "1Gi"})], None,
      "request a: capacity must be {requests: {<name>: <quantity>}}"),

@@ -8,21 +8,18 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import pytest
-import yaml
 
 from backends.contract import ClaimRef
 from backends.nvidia.nvml import nvml_session
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
-from simulator.kubelet_connection import KubeletError, Plugin
+from simulator.kubelet_connection import KubeletError
 from simulator.scheduler.allocation import Unallocatable, allocate
 from tests.agent_env import (
     NODE,
-    InProcess,
     agent_in_process,
     journal_entries,
     plugin_after_restart,
@@ -32,65 +29,24 @@ from tests.agent_env import (
 )
 from tests.agent_env import allocate as put_allocated
 from tests.allocation_env import claim, device_classes, exactly
+from tests.gpu_share_env import (
+    BUS_ID,
+    DEVICE,
+    GPU,
+    ON_GPU_0,
+    SHARING,
+    backend_journal,
+    published_gpu,
+    records,
+    share,
+    sharing_agent,
+    slices,
+    spec_of,
+)
 from tests.timing import scaled
 
-GPU = "gpu.nvidia.com"
-DEVICE, BUS_ID = "gpu-0000-18-00-0", "0000:18:00.0"  # index 0
-SHARING = {"nvidia-gpu": {"sharing": {"byMemory": True}}}
 GIB = 2**30
 DEFAULT, EXCLUSIVE_PROCESS = pynvml.NVML_COMPUTEMODE_DEFAULT, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
-ON_GPU_0 = 'device.attributes["gpu.nvidia.com"].index == 0'
-
-
-def gpu_config(sharing: dict[str, str] | None) -> list[dict[str, Any]]:
-    parameters: dict[str, Any] = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "GpuConfig"}
-    if sharing is not None:
-        parameters["sharing"] = sharing
-    return [{"requests": ["gpu"], "opaque": {"driver": GPU, "parameters": parameters}}]
-
-
-def slices(server: TestApiServer) -> list[dict[str, Any]]:
-    return [dict(s) for s in server.objects("resourceslices")]
-
-
-def published_gpu(server: TestApiServer, name: str = DEVICE) -> dict[str, Any]:
-    """The GPU as published; empty before it is."""
-    return next((d for s in slices(server) for d in s["spec"].get("devices") or () if d["name"] == name), {})
-
-
-def share(server: TestApiServer, name: str, *memories: str | None, sharing: dict[str, str] | None = None) -> ClaimRef:
-    """A claim for shares of GPU 0, one request per amount (None: names no amount), allocated by the scheduler
-    and stored as it would leave it."""
-    requests = []
-    for index, memory in enumerate(memories):
-        capacity = {"capacity": {"requests": {"memory": memory}}} if memory is not None else {}
-        requests.append(exactly("gpu" if index == 0 else f"gpu{index}", GPU, ON_GPU_0, **capacity))
-    wanted = claim(name, *requests, config=gpu_config(sharing) if sharing is not None else None)
-    held = [c for c in server.objects("resourceclaims")]
-    allocation = allocate(wanted, classes=device_classes(), slices=slices(server), allocated=held, node=NODE)
-    wanted["metadata"]["uid"] = uid = f"00000000-0000-4000-8000-{len(held) + 1:012d}"
-    server.put_claim({**wanted, "status": {"allocation": allocation.status}})
-    return ClaimRef(uid, "default", name)
-
-
-async def sharing_agent(env: InProcess, kubelet: KubeletSimulator) -> Plugin:
-    await wait_until(lambda: published_gpu(env.server).get("allowMultipleAllocations") is True, scaled(10))
-    return await kubelet.wait_for_plugin(GPU)
-
-
-def records(env: InProcess) -> dict[str, list[tuple[str, str | None]]]:
-    preparer = env.agent.drivers[GPU].preparer
-    assert preparer is not None
-    return {uid: [(d.device, d.share_id) for d in c.devices] for uid, c in preparer.checkpoint.claims.items()}
-
-
-def spec_of(env: InProcess, uid: str) -> dict[str, Any] | None:
-    found = list(env.settings.cdi_dir.glob(f"*{uid}*"))
-    return yaml.safe_load(found[0].read_text()) if found else None
-
-
-def backend_journal(state_dir: Path, name: str) -> dict[str, Any]:
-    return journal_entries(state_dir / "backends" / "nvidia-gpu" / name)
 
 
 def result_shares(server: TestApiServer, name: str) -> list[str]:
@@ -316,8 +272,10 @@ async def test_shares_that_would_overcommit_the_gpu_are_refused_and_leave_nothin
         answers = await plugin.prepare([late, huge])
         assert answers[late.uid].error.endswith(f"{DEVICE}: this share's 40Gi of memory does not fit: the shares "
                                                 "prepared on the GPU hold 50Gi of its 79.65Gi")
-        assert answers[huge.uid].error.endswith(f"{DEVICE}: this share holds 90Gi of memory, more than the GPU's "
-                                                "79.65Gi")
+        assert answers[huge.uid].error == (
+            "claim default/huge: status.allocation.devices.results[0].consumedCapacity.memory: \"90Gi\" is above "
+            f"the maximum of {DEVICE}'s requestPolicy for memory (validRange: min 1Gi, max 79Gi, step 1Gi; default "
+            "79Gi)")
         assert set(records(env)) == {first.uid}
         assert spec_of(env, late.uid) is None and spec_of(env, huge.uid) is None
         shares = backend_journal(env.settings.state_dir, "gpu-shares.json")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.kube.quantity import format_quantity, parse_quantity, same_quantity
+from agent.kube.quantity import format_quantity, parse_quantity, same_quantity, served_form
 
 KI = 1024
 
@@ -95,7 +96,7 @@ def test_parse_quantity_rejects_everything_else(text: str) -> None:
 
 
 def test_parse_quantity_bounds_huge_exponents() -> None:
-    with pytest.raises(ValueError, match="exponent"):
+    with pytest.raises(ValueError, match="too large"):
         parse_quantity("1e1000000000")
 
 
@@ -181,3 +182,63 @@ def test_format_then_parse_round_trips(n: int) -> None:
     assert parse_quantity(text) == n
     if n < 2**63:  # above that the server caps binary-suffixed values, not plain digits
         assert same_quantity(text, str(n))
+
+
+# --- hostile sizes ------------------------------------------------------------------------------------------------
+
+INTERNALS = re.compile(r"[A-Z]\w*(Error|Exception)\b|Traceback|int_max_str_digits|\[Errno")
+
+
+def shown(text: str) -> str:
+    """A long text as messages quote it: its first 32 characters."""
+    return f'"{text[:32]}…"'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1e1001", 'quantity "1e1001" is too large'),
+        ("1e" + "9" * 5000, f"quantity {shown('1e' + '9' * 5000)} is too large"),
+        ("1e-" + "9" * 5000, f"quantity {shown('1e-' + '9' * 5000)} is too small"),
+        ("9" * 5000, f"quantity {shown('9' * 5000)} is too long: more than 4000 digits"),
+        ("0." + "0" * 5000 + "1", f"quantity {shown('0.' + '0' * 5000)} is too long: more than 4000 digits"),
+        ("1e" + "0" * 5000 + "3", None),  # leading zeros: 1e3
+        ("0e99999", None),  # nothing times anything is nothing, as the server computes it
+    ],
+)
+def test_parse_quantity_says_in_words_when_a_quantity_is_too_large_or_too_long(text: str, message: str | None) -> None:
+    if message is None:
+        assert parse_quantity(text) in (1000, 0)
+        return
+    with pytest.raises(ValueError) as refused:
+        parse_quantity(text)
+    assert str(refused.value) == message
+    assert not INTERNALS.search(str(refused.value))
+
+
+# What k8s.io/apimachinery v0.37.2 stores and serves for each text (ParseQuantity, then String), run against it.
+APIMACHINERY_SERVES = {
+    "0": "0", "1": "1", "-1": "-1", "1m": "1m", "1.5": "1500m", "1500m": "1500m", "1000": "1k", "1k": "1k",
+    "1000m": "1", "0.1": "100m", "1e3": "1e3", "1E3": "1E3", "1e+3": "1e+3", "1e0": "1e0", "12E-2": "120e-3",
+    "1.5e3": "1500", "1e-10": "1e-9", "1e-7": "100e-9", "1Gi": "1Gi", "1024Mi": "1Gi", "1.5Gi": "1536Mi",
+    "0.5Gi": "512Mi", "0.5Ki": "512", "1.0Gi": "1Gi", "+1Gi": "+1Gi", "01Gi": "01Gi", "1.Gi": "1.Gi", "0Gi": "0",
+    "-0": "0", "16Gi": "16Gi", "8Ei": "9223372036854775807", "7Ei": "7Ei", "1536": "1536",
+    "1073741824": "1073741824", "40G": "40G", "40000M": "40G", "81559Mi": "81559Mi", "-40Gi": "-40Gi",
+    "-1099511627776": "-1099511627776", "9223372036854775807": "9223372036854775807", "1.500": "1.500",
+    "0001": "0001", "1.5E": "1500P", "0.1Ki": "102400m", ".5": "500m", "1e1000": "10e999",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "served"), sorted(APIMACHINERY_SERVES.items()))
+def test_served_form_is_what_the_api_server_stores(text: str, served: str) -> None:
+    assert served_form(text) == served
+    assert served_form(served) == served, "what the server serves, it serves unchanged when read back"
+
+
+@settings(database=None)
+@given(st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1), st.sampled_from(["", "Ki", "Mi", "Gi", "m", "k"]))
+def test_served_form_keeps_the_value(n: int, suffix: str) -> None:
+    text = f"{n}{suffix}"
+    served = served_form(text)
+    assert same_quantity(served, text)
+    assert served_form(served) == served

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from agent.claims.opaque import effective_config
 from agent.claims.read import ClaimAllocation, ClaimError, configs_for
+from agent.claims.share_amounts import share_problem
 from backends.config import OpaqueConfig
-from backends.contract import Allocated, Backend, ClaimRef
+from backends.contract import Allocated, Backend, ClaimRef, Device
 
 __all__ = ["DeviceKey", "Owner", "Plan", "one_per_uid", "plan_claim"]
 
@@ -25,11 +26,13 @@ hold two shares of one device, for two requests)."""
 
 @dataclass(frozen=True)
 class Owner:
-    """The backend that owns a device."""
+    """The backend that owns a device, and the device as the backend last reported it (its capacities and their
+    request policies, which the amounts of a share of it must suit); None when not known."""
 
     name: str
     backend: Backend
     config_types: tuple[type[OpaqueConfig], ...] = ()
+    device: Device | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Ca
         owner = owner_of(result.device)
         if owner is None:
             raise ClaimError(f"device {result.device} is not a device of driver {driver} on this node")
+        problem = share_problem(result, owner.device) if result.share_id and owner.device is not None else None
+        if problem is not None:
+            raise ClaimError(f"claim {allocation.ref.namespace}/{allocation.ref.name}: {problem}")
         config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
         entry = per_backend.setdefault(owner.name, (owner, []))
         key = (result.device, result.share_id)

@@ -7,13 +7,14 @@ meant for the pod's events when the claim cannot be prepared.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.kube.names import claim_reference_problem, is_uid
-from agent.kube.quantity import parse_quantity
+from agent.kube.quantity import read_amount
 from backends.contract import ClaimRef
 
 __all__ = [
@@ -47,6 +48,13 @@ class DeviceAllocation:
     admin_access: bool = False
     share_id: str | None = None
     consumed: Mapping[str, int] = field(default_factory=dict)  # consumedCapacity of a share, in whole units
+    written: Mapping[str, str] = field(default_factory=dict)  # the same as the claim writes it, for messages
+    index: int = 0  # its place in status.allocation.devices.results
+
+    @property
+    def path(self) -> str:
+        """The result's field in the claim, for messages."""
+        return f"status.allocation.devices.results[{self.index}]"
 
     @property
     def request_name(self) -> str:
@@ -99,11 +107,12 @@ def read_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str) -> Cla
     devices = _field(claim, "status", "allocation", "devices")
     if not isinstance(devices, Mapping):
         raise ClaimError(f"{where} is not allocated")
-    results = [_result(r, i, where) for i, r in enumerate(_list(devices.get("results"), f"{where} results"))]
+    results = [_result(r, i, where, driver) for i, r in enumerate(_list(devices.get("results"), f"{where} results"))]
     ours = tuple(r for r in results if r.driver == driver)
     if not ours:
         drivers = ", ".join(sorted({r.driver for r in results})) or "none"
         raise ClaimError(f"{where} has no device allocated by driver {driver} (allocated by: {drivers})")
+    _check_shares_distinct(ours, where)
     configs = tuple(
         entry
         for i, raw in enumerate(_list(devices.get("config"), f"{where} config"))
@@ -136,7 +145,7 @@ def _list(value: Any, what: str) -> Sequence[Any]:
     return value
 
 
-def _result(raw: Any, index: int, where: str) -> DeviceAllocation:
+def _result(raw: Any, index: int, where: str, driver: str) -> DeviceAllocation:
     fields = {key: _field(raw, key) for key in ("request", "driver", "pool", "device")}
     missing = [key for key, value in fields.items() if not isinstance(value, str) or not value]
     if missing:
@@ -144,6 +153,9 @@ def _result(raw: Any, index: int, where: str) -> DeviceAllocation:
     share = _field(raw, "shareID")
     if share is not None and not is_uid(share):
         raise ClaimError(f"{where}: allocation result #{index} has shareID {str(share)[:80]!r}, not a UID")
+    # Another driver's amounts are its own business.
+    ours = fields["driver"] == driver
+    written, consumed = _consumed(_field(raw, "consumedCapacity"), index, where) if ours else ({}, {})
     return DeviceAllocation(
         request=fields["request"],
         driver=fields["driver"],
@@ -151,23 +163,51 @@ def _result(raw: Any, index: int, where: str) -> DeviceAllocation:
         device=fields["device"],
         admin_access=_field(raw, "adminAccess") is True,
         share_id=share,
-        consumed=_consumed(_field(raw, "consumedCapacity"), index, where),
+        consumed=consumed,
+        written=written,
+        index=index,
     )
 
 
-def _consumed(raw: Any, index: int, where: str) -> dict[str, int]:
-    """A share's consumedCapacity in whole units (rounded up, as the allocator rounds a request up)."""
+def _consumed(raw: Any, index: int, where: str) -> tuple[dict[str, str], dict[str, int]]:
+    """A share's consumedCapacity as the claim writes it, and in whole units (rounded up, as the scheduler rounds
+    a request up: the amounts of every capacity the agent publishes are whole unless written by hand).
+
+    Each amount must be as the API server serves it: a quantity in the server's own form (the server checks no
+    more, and writes every value back in its form), neither negative nor beyond what Kubernetes computes with.
+    Whether the amount suits the device is checked with the plan (agent/claims/share_amounts.py)."""
     if raw is None:
-        return {}
+        return {}, {}
     if not isinstance(raw, Mapping):
         raise ClaimError(f"{where}: allocation result #{index} consumedCapacity is malformed: expected a map")
+    written: dict[str, str] = {}
     consumed: dict[str, int] = {}
     for name, value in raw.items():
+        field_path = f"status.allocation.devices.results[{index}].consumedCapacity.{str(name)[:80]}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # a JSON number, which the server would have stored as this string
+        if not isinstance(value, str):
+            raise ClaimError(f'{where}: {field_path}: must be a quantity such as "40Gi", not '
+                             f"{json.dumps(value)[:80]}")
         try:
-            consumed[str(name)] = math.ceil(parse_quantity(str(value)))
+            consumed[str(name)] = math.ceil(read_amount(value))
         except ValueError as e:
-            raise ClaimError(f"{where}: allocation result #{index} consumedCapacity {name}: {e}") from None
-    return consumed
+            raise ClaimError(f"{where}: {field_path}: {e}") from None
+        written[str(name)] = value
+    return written, consumed
+
+
+def _check_shares_distinct(results: Sequence[DeviceAllocation], where: str) -> None:
+    """One shareID per share: the scheduler gives every share a new one, so one met twice was written by hand,
+    and the two would be counted as one."""
+    first: dict[str, int] = {}
+    for result in results:
+        if result.share_id is None:
+            continue
+        if result.share_id in first:
+            raise ClaimError(f"{where}: {result.path}.shareID: {result.share_id} is the shareID of "
+                             f"results[{first[result.share_id]}] too: the scheduler gives every share its own")
+        first[result.share_id] = result.index
 
 
 def _config(raw: Any, index: int, driver: str, where: str) -> OpaqueEntry | None:

@@ -40,8 +40,20 @@ def memory_policy(memory: int, step: int) -> CapacityPolicy | None:
 
 
 def _gib(size: int) -> str:
-    """A memory size for a message, in GiB with up to two decimals."""
-    return f"{size / 2**30:.2f}".rstrip("0").rstrip(".") + "Gi"
+    """A memory size for a message, in GiB with up to two decimals (whole numbers only: a float of a hostile
+    size would overflow, and the digits of a huge one are not worth showing)."""
+    if abs(size) > 2**63:
+        return "more than 8589934592Gi" if size > 0 else "less than -8589934592Gi"
+    hundredths = (abs(size) * 100 + 2**29) // 2**30
+    whole, cents = divmod(hundredths, 100)
+    return f"{'-' if size < 0 else ''}{whole}.{cents:02d}".rstrip("0").rstrip(".") + "Gi"
+
+
+def _held(entry: Mapping[str, object]) -> int:
+    """The memory a recorded share holds. An entry without a positive amount (the ledger writes none, an older
+    agent may have) holds none: counted as written, a negative one would free memory the other shares hold."""
+    memory = entry.get("memory", 0)
+    return memory if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0 else 0
 
 
 def sharing_of(allocated: Allocated) -> str:
@@ -73,12 +85,17 @@ class GpuShares:
 
     def admit(self, claim: str, device: str, share: str, strategy: str, memory: int, capacity: int) -> None:
         """Record the share, which holds `memory` bytes of the GPU's `capacity`; refuse it when a share of the
-        same GPU for another claim uses another strategy, or when the shares would hold more memory than the GPU
-        has. The scheduler never allocates such shares; a claim whose allocation says otherwise (written by hand,
-        or by a scheduler that lost count) fails here rather than overcommit the GPU."""
+        same GPU for another claim uses another strategy, when it holds no memory, or when the shares would hold
+        more memory than the GPU has. The scheduler never allocates such shares; a claim whose allocation says
+        otherwise (written by hand, or by a scheduler that lost count) fails here rather than overcommit the GPU:
+        what the ledger records of a GPU never adds up to less than one byte a share or more than the GPU has."""
         with self._lock:
             journal = self._load()
             key = f"{claim}/{device}/{share}"
+            if memory < 1:
+                amount = f"{memory} bytes" if memory >= -(2**63) else _gib(memory)
+                raise PrepareError(f"{device}: this share holds no memory ({amount}); a share holds at least one "
+                                   "byte")
             if memory > capacity:
                 raise PrepareError(f"{device}: this share holds {_gib(memory)} of memory, more than the GPU's "
                                    f"{_gib(capacity)}")
@@ -91,7 +108,7 @@ class GpuShares:
                         f"{device}: this share's sharing strategy is {strategy}, but a share of the GPU prepared "
                         f"for claim {other['claim']} uses {other['sharing']}; the shares of one GPU must use the "
                         "same strategy")
-                held += int(other.get("memory", 0))
+                held += _held(other)
             if held + memory > capacity:
                 raise PrepareError(f"{device}: this share's {_gib(memory)} of memory does not fit: the shares "
                                    f"prepared on the GPU hold {_gib(held)} of its {_gib(capacity)}")

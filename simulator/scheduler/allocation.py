@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from agent.kube.quantity import parse_quantity
+from agent.kube.quantity import parse_quantity, served_form
 from simulator.scheduler.capacity import consumption, is_shareable, quantity_text, whole_device_fits
 from simulator.scheduler.cel import CelError, Selector, compile_selector, device_value
 from simulator.scheduler.explain import Funnel, diagnose, explain
@@ -280,7 +280,9 @@ def _status(claim: JsonObject, requests: Sequence[Sequence[Choice]], classes: Ma
             entry["tolerations"] = [dict(t) for t in pick.choice.tolerations]
         if pick.consumed is not None:
             entry["shareID"] = str(uuid.uuid4())
-            entry["consumedCapacity"] = {name: quantity_text(amount) for name, amount in sorted(pick.consumed.items())}
+            # As the API server stores what the scheduler writes: in its own form.
+            entry["consumedCapacity"] = {name: served_form(quantity_text(amount))
+                                         for name, amount in sorted(pick.consumed.items())}
         results.append(entry)
     chosen = [next((p.choice for p in picks if p.choice in choices), None) for choices in requests]
     config: list[dict[str, Any]] = []
