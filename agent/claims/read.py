@@ -7,6 +7,7 @@ meant for the pod's events when the claim cannot be prepared.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -169,7 +170,7 @@ def _consumed(raw: Any, index: int, where: str) -> dict[str, int]:
     consumed: dict[str, int] = {}
     for name, value in raw.items():
         try:
-            consumed[str(name)] = math.ceil(parse_quantity(str(value)))
+            consumed[str(name)] = math.ceil(parse_quantity(value if isinstance(value, str) else json.dumps(value)))
         except ValueError as e:
             raise ClaimError(f"{where}: allocation result #{index} consumedCapacity {name}: {e}") from None
     return consumed
