@@ -25,7 +25,7 @@ from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
 from tests.agent_env import NODE, AgentProcess, settings_for, wait_until
-from tests.test_prepare_fuzz import requests
+from tests.claim_strategies import requests
 from tests.timing import scaled
 
 GPU = "gpu.nvidia.com"
