@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -151,6 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # what is still buffered goes now, while a reader that left can still be told apart
+        return code
+    except BrokenPipeError:
+        # The reader went away (`dra-agent discover | head`): stop quietly, with the status a shell gives a command
+        # that SIGPIPE stopped. Python's own recipe: stdout to /dev/null, so that its flush at exit fails no more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # argparse would blame the top-level command and print its usage
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -178,9 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(handler(settings, args.output, sys.stdout, sys.stderr))
     except KeyboardInterrupt:
         return 130
-    except Exception as e:
-        # A bug, not bad input: say so in one line; the traceback is there at debug level.
+    except BrokenPipeError:
+        raise  # not a bug: the reader went away (see main)
+    except Exception:
+        # A bug, not bad input: say so in one line; where it happened is in the log at debug level.
         get_logger("cli").debug("internal error", exc_info=True)
-        print(f"dra-agent: internal error: {type(e).__name__}: {e} (rerun with --log-level debug for details)",
-              file=sys.stderr)
+        print("dra-agent: internal error: this is a bug in dra-agent; rerun with --log-level debug to log where it "
+              "happened", file=sys.stderr)
         return 1

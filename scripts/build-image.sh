@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the dra-agent container image from Debian's package mirrors alone (no image registry), then smoke-tests it.
+# Builds the dra-agent container image from Debian's packages alone (no image registry), then smoke-tests it.
 set -euo pipefail
 
 usage() {
@@ -11,8 +11,9 @@ Builds the dra-agent container image without an image registry, the same steps a
 
   1. the agent's wheel, from the paths in scripts/image/sources only (no simulator), and its dependencies'
      wheels from the package index pip is configured with (scripts/image/build-wheels.sh);
-  2. a Debian 12 (bookworm) root file system from Debian's mirrors with mmdebstrap: the essential set and the
-     packages in scripts/image/packages, no recommends, no apt lists, no documentation;
+  2. a Debian 12 (bookworm) root file system with mmdebstrap: the essential set and the packages in
+     scripts/image/packages, no recommends, no apt lists, no documentation. Its packages come from where this
+     machine's apt takes Debian 12 from (scripts/image/debian-sources.sh), and through its apt proxy if any;
   3. the agent installed into it from the wheels (scripts/image/install-agent.sh, in a chroot);
   4. an image of it, committed with buildah (entry point dra-agent).
 
@@ -22,6 +23,10 @@ mounts the host; the run must publish its ResourceSlices and stop cleanly on SIG
 
 Needs root, and the Debian packages mmdebstrap, buildah and podman (apt-get install mmdebstrap buildah podman),
 python3-venv, and a checkout whose .venv has the simulator extra for the smoke test (pip install -e '.[test]').
+
+Environment:
+  DEBIAN_SOURCES  a sources file (sources.list lines or deb822 stanzas) of Debian 12 to build from instead of
+                  this machine's apt sources
 
 Options:
   --tag NAME     the image's name (default: localhost/dra-agent:<version in pyproject.toml>)
@@ -77,12 +82,22 @@ list() {
     sed -e 's/#.*//' "$repo/scripts/image/$1" | tr -s '[:blank:]' '\n' | sed -e '/^$/d'
 }
 
-# Debian 12's mirrors, with its updates and security updates.
-mirrors=(
-    "deb http://deb.debian.org/debian bookworm main"
-    "deb http://deb.debian.org/debian bookworm-updates main"
-    "deb http://deb.debian.org/debian-security bookworm-security main"
-)
+# Sets `apt_sources`, where Debian 12's packages come from (this machine's apt sources for it, or DEBIAN_SOURCES: see
+# the helper), and `proxies`, mmdebstrap's options for this machine's apt proxy if it has one (mmdebstrap's apt
+# reads a configuration of its own, not the machine's).
+debian_sources() {
+    mapfile -t apt_sources < <("$repo/scripts/image/debian-sources.sh")
+    ((${#apt_sources[@]})) || exit 1
+    proxies=()
+    local scheme proxy
+    for scheme in http https; do
+        proxy=""
+        eval "$(apt-config shell proxy "Acquire::$scheme::Proxy")"
+        if [[ -n $proxy ]]; then
+            proxies+=(--aptopt="Acquire::$scheme::Proxy \"$proxy\"")
+        fi
+    done
+}
 # No recommends, no documentation: as Debian's slim images.
 slim=(
     --aptopt='APT::Install-Recommends "false"'
@@ -116,7 +131,8 @@ build_image() {
         exit 1
     fi
 
-    echo "== root file system: Debian 12 from Debian's mirrors"
+    debian_sources
+    echo "== root file system: Debian 12 from ${apt_sources[*]}"
     local packages
     packages=$(list packages | paste -sd ,)
     # The hooks' "$1" is the root file system's path, which mmdebstrap passes them.
@@ -124,11 +140,11 @@ build_image() {
     # The merged-usr hook lays out /usr's links itself: the default for bookworm installs the usrmerge package,
     # which pulls in perl (50 MB).
     say mmdebstrap --mode=root --variant=essential --include="$packages" \
-        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr "${slim[@]}" \
+        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr "${slim[@]}" "${proxies[@]}" \
         --customize-hook="copy-in $work/wheels $repo/scripts/image/install-agent.sh /tmp" \
         --customize-hook='chroot "$1" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin sh /tmp/install-agent.sh /tmp/wheels' \
         --customize-hook='rm -rf "$1"/tmp/wheels "$1"/tmp/install-agent.sh' \
-        bookworm "$work/rootfs.tar" "${mirrors[@]}"
+        bookworm "$work/rootfs.tar" "${apt_sources[@]}"
 
     echo "== image: $tag"
     local container
@@ -149,16 +165,17 @@ build_image() {
     echo "root file system tarball: $(du -h "$work/rootfs.tar" | cut -f1)"
 }
 
-# deploy/Dockerfile built with buildah, its base debian:bookworm-slim stood in for by Debian's minbase from the
-# mirrors (what the slim image is made of), passed as the BASE build argument.
+# deploy/Dockerfile built with buildah, its base debian:bookworm-slim stood in for by Debian's minbase (what the
+# slim image is made of) from the same sources, passed as the BASE build argument.
 build_dockerfile() {
     local work base=localhost/dra-agent-base:bookworm
     work=$(mktemp -d /var/tmp/dra-agent-image.XXXXXX)
     # shellcheck disable=SC2064 # expanded now, on purpose: $work is local
     trap "rm -rf '$work'" EXIT
-    echo "== base: Debian 12 minbase from Debian's mirrors, standing in for debian:bookworm-slim"
+    debian_sources
+    echo "== base: Debian 12 minbase from ${apt_sources[*]}, standing in for debian:bookworm-slim"
     say mmdebstrap --mode=root --variant=minbase --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr "${slim[@]}" \
-        bookworm "$work/base.tar" "${mirrors[@]}"
+        "${proxies[@]}" bookworm "$work/base.tar" "${apt_sources[@]}"
     local container
     container=$(buildah from scratch)
     buildah add --quiet "$container" "$work/base.tar" /

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -153,7 +154,7 @@ def test_a_damaged_journal_is_refused_naming_the_file(scratch: Path, how: str) -
     assert "Traceback" not in message and len(message) < 1500
     assert path.read_bytes() == before, "a refused journal is left as it was"
     if how == "format one":
-        assert "format 'one' is not a format number" in message
+        assert 'format "one" is not a format number' in message
 
 
 def test_a_missing_journal_starts_empty_with_a_header(scratch: Path) -> None:
@@ -371,3 +372,28 @@ def test_a_batch_of_64_prepared_then_unprepared_leaves_nothing(scratch: Path, mo
         assert journal.claims == {}
         assert reopened(path).claims == {}, f"round {round_}: removed claims came back from the journal"
         journal.close()
+
+
+def _crc_line(body: bytes) -> bytes:
+    return f"{zlib.crc32(body):08x} ".encode() + body + b"\n"
+
+
+@pytest.mark.parametrize(("record", "why"), [
+    (_crc_line(b"{not json"), "it is not JSON (expecting property name enclosed in double quotes, at column 2)"),
+    (_crc_line(b"\xff\xfe"), "it is not UTF-8 text"),
+    (cp._line({"format": cp.FORMAT, "op": "claim"}), "it lacks claim"),
+    (cp._line({"format": cp.FORMAT}), "it lacks op"),
+    (cp._line({"format": cp.FORMAT, "op": "removed", "uid": 7}), "uid is not a string"),
+    (cp._line({"format": cp.FORMAT, "op": "dance"}), 'unknown operation "dance"'),
+    (cp._line({"format": "one", "op": "removed", "uid": "u"}), 'format "one" is not a format number'),
+])  # fmt: skip
+def test_a_damaged_record_is_told_in_the_journal_s_words(scratch: Path, record: bytes, why: str) -> None:
+    path = scratch / "j"
+    journal = reopened(path)
+    prepared(journal, 1)
+    journal.close()
+    path.write_bytes(path.read_bytes() + record)
+    with pytest.raises(CheckpointDamaged) as caught:
+        reopened(path)
+    assert f"(line 4) does not read back: {why}" in str(caught.value)
+    assert not re.search(r"\b\w*(Error|Exception)\b|None|'", str(caught.value).split("does not read back")[1])

@@ -458,7 +458,7 @@ def test_pod_settings() -> None:
     pod, container = _pod_spec(), _container()
     assert daemonset["spec"]["selector"]["matchLabels"].items() <= daemonset["spec"]["template"]["metadata"][
         "labels"].items()
-    assert container["image"] == "ghcr.io/dra-agent/dra-agent:0.1.0"
+    assert container["image"] == "dra-agent:0.1.0", "a site pulls from its own registry (kustomize images:)"
     assert pod["priorityClassName"] == "system-node-critical"
     # The agent stops within 10 s of SIGTERM; it must not be killed before.
     assert 10 < pod["terminationGracePeriodSeconds"] <= 30

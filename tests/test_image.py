@@ -5,6 +5,7 @@ from the same lists under scripts/image/, and the wheel they install must hold t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -140,3 +141,72 @@ def test_shell_scripts_are_shellcheck_clean() -> None:
     scripts = [BUILD, *sorted(IMAGE.glob("*.sh"))]
     done = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout
+
+
+STUB = """#!/bin/sh
+{ printf '%s' "$(basename "$0")"; for arg in "$@"; do printf '\\t%s' "$arg"; done; printf '\\n'; } >> "$STUB_LOG"
+case "$(basename "$0") $1" in
+    "buildah from") echo working-container ;;
+    "podman image") echo 1024 ;;
+esac
+"""
+
+
+def _build_with_stubs(tmp_path: Path, sources: str | None, **env: str) -> tuple[subprocess.CompletedProcess[str],
+                                                                                  list[list[str]]]:
+    """`build-image.sh --dockerfile --no-smoke` with mmdebstrap, buildah and podman stood in for by stubs that note
+    their arguments, on a machine whose apt configuration lists `sources` (a deb822 file) and an apt proxy."""
+    stubs, parts = tmp_path / "bin", tmp_path / "sources.list.d"
+    stubs.mkdir(parents=True)
+    parts.mkdir()
+    for tool in ("mmdebstrap", "buildah", "podman"):
+        (stubs / tool).write_text(STUB)
+        (stubs / tool).chmod(0o755)
+    if sources is not None:
+        (parts / "site.sources").write_text(sources)
+    (tmp_path / "apt.conf").write_text(
+        f'Dir::Etc::sourcelist "{tmp_path}/sources.list";\nDir::Etc::sourceparts "{parts}";\n'
+        f'Dir::State::lists "{tmp_path}/lists";\nAcquire::http::Proxy "http://proxy.example.net:3142";\n')
+    log = tmp_path / "calls"
+    done = subprocess.run(["bash", str(BUILD), "--dockerfile", "--no-smoke"], capture_output=True, text=True,
+                          check=False, env={**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
+                                            "APT_CONFIG": str(tmp_path / "apt.conf"), "STUB_LOG": str(log), **env})
+    calls = [line.split("\t") for line in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
+
+
+SITE = """Types: deb
+URIs: http://mirror.example.net/debian
+Suites: bookworm bookworm-updates
+Components: main
+
+Types: deb
+URIs: http://mirror.example.net/debian-security
+Suites: bookworm-security
+Components: main
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("apt-get") is None, reason="needs root and apt (Debian)")
+def test_the_image_is_built_from_the_machines_apt_sources_or_the_users(tmp_path: Path) -> None:
+    done, calls = _build_with_stubs(tmp_path / "machine", SITE)
+    assert done.returncode == 0, done.stderr
+    (mmdebstrap,) = [call[1:] for call in calls if call[0] == "mmdebstrap"]
+    assert mmdebstrap[-3] == "bookworm" and mmdebstrap[-1] == str(tmp_path / "machine/sources.list.d/site.sources")
+    assert '--aptopt=Acquire::http::Proxy "http://proxy.example.net:3142"' in mmdebstrap, "the machine's apt proxy"
+
+    own = tmp_path / "own.list"
+    own.write_text("deb http://apt.example.org/debian bookworm main\n")
+    done, calls = _build_with_stubs(tmp_path / "user", SITE, DEBIAN_SOURCES=str(own))
+    assert done.returncode == 0, done.stderr
+    assert [call[-1] for call in calls if call[0] == "mmdebstrap"] == [str(own)]
+
+    # A machine whose apt has no Debian 12, or a sources file that lists more than Debian 12: refused, and why.
+    done, calls = _build_with_stubs(tmp_path / "other", SITE.replace("bookworm", "trixie"))
+    assert done.returncode == 1 and "DEBIAN_SOURCES" in done.stderr and "list no Debian 12" in done.stderr
+    mixed = SITE + "\nTypes: deb\nURIs: http://apt.example.com/tools\nSuites: stable\nComponents: main\n"
+    done, calls = _build_with_stubs(tmp_path / "mixed", mixed)
+    assert done.returncode == 1 and "lists more than Debian 12 (suite stable)" in done.stderr
+    assert not [call for call in calls if call[0] == "mmdebstrap"]
+    done, _ = _build_with_stubs(tmp_path / "missing", SITE, DEBIAN_SOURCES=str(tmp_path / "nowhere"))
+    assert done.returncode == 1 and "is not a readable file" in done.stderr

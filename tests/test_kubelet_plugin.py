@@ -75,7 +75,7 @@ async def test_one_batch_many_outcomes(running: InProcess) -> None:
         results = await plugin.prepare([good, other, invalid, missing])
     assert results[good.uid].error == "" and len(results[good.uid].devices) == 1
     assert "no device allocated by driver gpu.nvidia.com" in results[other.uid].error
-    assert "does not accept apiVersion 'dra-agent.io/v1alpha1' kind 'Bogus'" in results[invalid.uid].error
+    assert 'does not accept apiVersion "dra-agent.io/v1alpha1" kind "Bogus"' in results[invalid.uid].error
     assert results[missing.uid].error == "claim default/missing not found"
 
 

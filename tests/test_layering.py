@@ -35,7 +35,7 @@ AGENT_PARTS: dict[str, set[str]] = {
     "events": {"kube", "node", "slices"},
     "admission": {"node"},
 }
-AGENT_BELOW_EVERY_PART = {"agent.logs", "agent.metrics", "agent.settings"}
+AGENT_BELOW_EVERY_PART = {"agent.logs", "agent.metrics", "agent.settings", "agent.unexpected"}
 
 
 def _modules(node: ast.AST) -> set[str]:

@@ -30,6 +30,7 @@ from backends.vfio_sysfs import VFIO_PCI, Deadline, Rebinder
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import KubeletError
+from simulator.node import sysfs_tree
 from tests.agent_env import (
     NODE,
     AgentProcess,
@@ -379,6 +380,29 @@ def test_the_simulated_nvml_lists_only_gpus_the_nvidia_driver_holds(sim_node: An
         rebinder.back_to(GPU_BDF, "nvidia", Deadline(scaled(10)))
         assert pynvml.nvmlDeviceGetCount() == 8
         assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)) == node.plan.gpus[0].uuid
+
+
+def test_nvml_lists_a_gpu_as_soon_as_its_driver_link_names_nvidia_however_slow_the_kernel(
+        sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rebinder returns once the function's `driver` link names the driver; by then the driver's folder must
+    list the function, as the kernel links the driver to the device before the device to the driver. A kernel
+    thread that pauses after every link it makes shows any other order at once (the count, else, lags by one)."""
+    node = sim_node("dgx-h100")
+    made = sysfs_tree._link
+
+    def slow_link(path: str, target: str) -> None:
+        made(path, target)
+        if threading.current_thread().name.startswith("simulated-kernel"):
+            time.sleep(0.05)  # a window between two links, not a wait for anything
+
+    monkeypatch.setattr(sysfs_tree, "_link", slow_link)
+    rebinder = Rebinder(node.sysfs)
+    with nvml_session():
+        for _ in range(3):
+            rebinder.to_vfio(GPU_BDF, Deadline(scaled(10)))
+            assert pynvml.nvmlDeviceGetCount() == 7
+            rebinder.back_to(GPU_BDF, "nvidia", Deadline(scaled(10)))
+            assert pynvml.nvmlDeviceGetCount() == 8
 
 
 def published_gpus(server: TestApiServer) -> dict[str, dict[str, Any]]:

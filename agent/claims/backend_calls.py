@@ -11,6 +11,8 @@ from structlog.typing import FilteringBoundLogger
 from agent.claims.holding import with_shares
 from agent.claims.plan import Owner, Plan
 from agent.claims.records import ClaimRecord
+from agent.logs import get_logger
+from agent.unexpected import unexpected
 from backends.contract import Allocated, Backend, BackendError, ClaimRef, Prepared
 
 __all__ = ["BACKEND_TIMEOUT", "prepare_on_backends", "unprepare_on_backends"]
@@ -34,7 +36,7 @@ async def prepare_on_backends(ref: ClaimRef, plan: Plan, log: FilteringBoundLogg
         except Exception as e:
             log.exception("backend prepare failed", backend=owner.name,
                           claim=f"{ref.namespace}/{ref.name}:{ref.uid}")
-            return f"backend {owner.name} failed on {_devices(allocated)}: {type(e).__name__}: {e}"
+            return f"backend {owner.name} failed on {_devices(allocated)}: {unexpected(e)}"
         prepared = with_shares(allocated, prepared)
         wanted = {(a.device, a.share_id) for a in allocated}
         if {(p.device, p.share_id) for p in prepared} != wanted or len(prepared) != len(wanted):
@@ -69,8 +71,12 @@ async def unprepare_on_backends(backends: Mapping[str, Backend], ref: ClaimRef, 
                 await owner.unprepare(ref, items)
         except TimeoutError:
             return f"backend {backend} did not unprepare {_devices(items)} within {BACKEND_TIMEOUT:.0f} s"
-        except Exception as e:
+        except BackendError as e:
             return f"{_devices(items)}: {e}"
+        except Exception as e:
+            get_logger("claims").exception("backend unprepare failed", backend=backend,
+                                           claim=f"{ref.namespace}/{ref.name}:{ref.uid}")
+            return f"backend {backend} failed to unprepare {_devices(items)}: {unexpected(e)}"
     return ""
 
 

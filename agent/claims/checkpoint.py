@@ -76,6 +76,17 @@ def _line(record: Mapping[str, Any]) -> bytes:
     return f"{zlib.crc32(body.encode()):08x} {body}\n".encode()
 
 
+def _unreadable(e: ValueError | TypeError | KeyError) -> str:
+    """Why a line is not a record, in the journal's terms (the checks above word their own)."""
+    if isinstance(e, KeyError):
+        return f"it lacks {e.args[0]}"
+    if isinstance(e, json.JSONDecodeError):
+        return f"it is not JSON ({e.msg[0].lower()}{e.msg[1:]}, at column {e.colno})"
+    if isinstance(e, UnicodeDecodeError):
+        return "it is not UTF-8 text"
+    return str(e)
+
+
 class _NewerFormat(Exception):
     def __init__(self, found: int) -> None:
         self.found = found
@@ -92,7 +103,7 @@ def _parse(line: bytes) -> dict[str, Any]:
         raise TypeError("not a record")
     found = record.get("format")
     if type(found) is not int or found < 1:
-        raise TypeError(f"format {found!r} is not a format number")
+        raise TypeError(f"format {json.dumps(found)} is not a format number")
     if found > FORMAT:
         raise _NewerFormat(found)
     return record
@@ -189,8 +200,7 @@ class Checkpoint:
                     f"{FORMAT}): run that version or a newer one on this node") from None
             except (ValueError, TypeError, KeyError) as e:
                 where = "the header" if at == 0 else f"the record at byte {at}"
-                problems.append(f"{where} (line {lines_before + number + 1}) does not read back: "
-                                f"{type(e).__name__}: {e}")
+                problems.append(f"{where} (line {lines_before + number + 1}) does not read back: {_unreadable(e)}")
             at += len(line) + 1
         if problems:
             raise CheckpointDamaged(self.path, problems)
@@ -225,7 +235,7 @@ class Checkpoint:
                 raise TypeError("uid is not a string")
             claims.pop(uid, None)
         else:
-            raise ValueError(f"unknown operation {op!r}")
+            raise ValueError(f"unknown operation {json.dumps(op)}")
 
     def record(self, claim: ClaimRecord, durable: bool = True) -> None:
         """Store a claim's new state; durably unless `durable` is False (written, synced by a later record)."""

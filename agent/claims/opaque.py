@@ -7,6 +7,7 @@ path in the message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,8 +80,8 @@ def validate_parameters(params: Any, types: Sequence[type[OpaqueConfig]]) -> Opa
                     problems.append(FieldProblem(field, f"{model.KIND}.{shown or '(object)'}: {err['msg']}"))
                 raise InvalidParameters(problems) from None
     known = ", ".join(f"{t.API_VERSION}/{t.KIND}" for t in types) or "none"
-    raise InvalidParameters([FieldProblem("kind", f"apiVersion {wanted[0]!r} kind {wanted[1]!r} is not accepted "
-                                                  f"(accepted: {known})")])
+    raise InvalidParameters([FieldProblem("kind", f"apiVersion {_json(wanted[0])} kind {_json(wanted[1])} is not "
+                                                  f"accepted (accepted: {known})")])
 
 
 def _parse(entry: OpaqueEntry, types: Sequence[type[OpaqueConfig]], backend: str) -> OpaqueConfig:
@@ -91,8 +92,8 @@ def _parse(entry: OpaqueEntry, types: Sequence[type[OpaqueConfig]], backend: str
             params = entry.parameters
             known = ", ".join(f"{t.API_VERSION}/{t.KIND}" for t in types) or "none"
             raise ClaimError(
-                f"{entry.describe()}: backend {backend} does not accept apiVersion {params.get('apiVersion')!r} "
-                f"kind {params.get('kind')!r} (it accepts: {known})") from None
+                f"{entry.describe()}: backend {backend} does not accept apiVersion {_json(params.get('apiVersion'))} "
+                f"kind {_json(params.get('kind'))} (it accepts: {known})") from None
         raise ClaimError(f"{entry.describe()}: {e}") from None
 
 
@@ -108,3 +109,8 @@ def effective_config(entries: Sequence[OpaqueEntry], types: Sequence[type[Opaque
                 raise ClaimError(f"{entry.describe()} and {entries[index].describe()}: {reason}")
         typed.append(parsed)
     return typed[-1] if typed else None
+
+
+def _json(value: Any) -> str:
+    """A value of the claim as the claim's author wrote it (JSON: "v1", null, {...}), not as Python shows it."""
+    return json.dumps(value, ensure_ascii=False)

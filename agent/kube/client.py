@@ -29,6 +29,7 @@ import aiohttp
 
 from agent.kube.errors import InvalidRequestError, KubeconfigError, KubeError
 from agent.kube.paths import EVENTS, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, ApiPath, api_path, slice_selector
+from agent.kube.unreachable import why_unreachable
 
 __all__ = ["InvalidRequestError", "KubeClient", "KubeError", "KubeconfigError"]
 
@@ -143,7 +144,7 @@ class KubeClient:
                                                _request_timeout=timeout, _preload_content=False)
             raw = await response.read()
         except Exception as e:  # connection refused, timeouts, TLS: the server was not reached
-            raise KubeError(f"{what}: {type(e).__name__}: {e}") from None
+            raise KubeError(f"{what}: {why_unreachable(e)}") from None
         if 200 <= response.status < 300:
             if not decode:
                 return None
@@ -206,7 +207,7 @@ class KubeClient:
             response = await self.api.call_api(method, url, header_params=headers, _preload_content=False,
                                                _request_timeout=timeout + 30)
         except Exception as e:
-            raise KubeError(f"{what}: {type(e).__name__}: {e}") from None
+            raise KubeError(f"{what}: {why_unreachable(e)}") from None
         if response.status != 200:
             message, reason = _status_message(await response.read())
             raise KubeError(f"{what}: {message or response.reason}", response.status, reason)
@@ -215,7 +216,7 @@ class KubeClient:
                 if line.strip():
                     yield json.loads(line)
         except (aiohttp.ClientError, ValueError, OSError, TimeoutError) as e:  # a cut connection, a torn event
-            raise KubeError(f"{what}: stream ended: {type(e).__name__}: {e}") from None
+            raise KubeError(f"{what}: stream ended: {why_unreachable(e)}") from None
         finally:
             response.response.release()
 

@@ -16,6 +16,7 @@ from agent.logs import get_logger
 from agent.node.host import Host
 from agent.node.plugins import FoundPlugin, LoadedPlugin, PluginFailure, find_plugins, load_plugins
 from agent.settings import Settings
+from agent.unexpected import unexpected
 from backends.contract import BackendContext, BackendError, CounterSet, Device, DeviceEvents, Inventory, LinkEvents
 from backends.topology import TopologyReader
 
@@ -81,7 +82,8 @@ async def start_all(
         except TimeoutError:
             return f"did not start within {_START_TIMEOUT:.0f} s"
         except Exception as e:  # a third-party bug must not take the agent down
-            return f"start failed: {type(e).__name__}: {e}"
+            get_logger(name).exception("start failed")
+            return f"start failed: {unexpected(e)}"
         return None
 
     outcomes = await asyncio.gather(*(start(p) for p in plugins))
@@ -100,7 +102,9 @@ async def discover_all(plugins: Sequence[LoadedPlugin], driver_for: Callable[[st
         except TimeoutError:
             return BackendReport(plugin, driver, None, f"discovery took longer than {_DISCOVER_TIMEOUT:.0f} s")
         except Exception as e:
-            return BackendReport(plugin, driver, None, f"discovery failed: {type(e).__name__}: {e}")
+            if not isinstance(e, BackendError):
+                get_logger(plugin.found.name).exception("discovery failed")
+            return BackendReport(plugin, driver, None, f"discovery failed: {unexpected(e)}")
         if not isinstance(inventory, Inventory):
             return BackendReport(plugin, driver, None, f"discover() returned {type(inventory).__name__}, "
                                                        "expected an Inventory")

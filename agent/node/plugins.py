@@ -14,6 +14,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any, cast
 
 from agent.kube.names import is_driver_name
+from agent.unexpected import unexpected
 from backends.contract import Backend
 
 __all__ = ["GROUP", "FoundPlugin", "LoadedPlugin", "PluginFailure", "check_backend", "find_plugins", "load_plugins",
@@ -117,13 +118,13 @@ def load_plugins(
             factory = plugin.entry_point.load()
         except Exception as e:
             failures.append(PluginFailure(plugin.name, plugin.distribution,
-                                          f"cannot import {plugin.entry_point.value}: {type(e).__name__}: {e}"))
+                                          f"cannot import {plugin.entry_point.value}: {unexpected(e)}"))
             continue
         try:
             backend = factory()
         except Exception as e:
             failures.append(PluginFailure(plugin.name, plugin.distribution,
-                                          f"constructing {plugin.entry_point.value} failed: {type(e).__name__}: {e}"))
+                                          f"constructing {plugin.entry_point.value} failed: {unexpected(e)}"))
             continue
         problems = check_backend(backend, plugin.name)
         if problems:

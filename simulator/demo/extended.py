@@ -21,7 +21,7 @@ JsonObject = dict[str, Any]
 def gpu_pod(name: str, resources: dict[str, str]) -> JsonObject:
     """A pod with one container that asks for extended resources, as a device-plugin user writes it."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04",
+            "spec": {"containers": [{"name": "cuda", "image": "cuda:12.9.0-base-ubuntu24.04",
                                      "command": ["nvidia-smi"], "resources": {"limits": resources}}]}}  # fmt: skip
 
 

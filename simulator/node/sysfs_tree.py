@@ -108,10 +108,12 @@ def write_function(sysfs: str, fn: PciFunction) -> None:
 
 
 def bind(sysfs: str, fn: PciFunction, driver: str) -> None:
-    """Link a function and a driver both ways, as the kernel does when the driver binds."""
+    """Link a function and a driver both ways, as the kernel does when the driver binds, and in its order (its
+    driver_sysfs_add): the driver's entry first, the function's `driver` link last. Whoever waits for that link
+    (the agent's rebinder) then finds the function listed by its driver, which is what the simulated NVML reads."""
     folder = function_dir(sysfs, fn)
-    _link(f"{folder}/driver", "../" * (len(fn.path) + 1) + f"bus/pci/drivers/{driver}")
     _link(f"{sysfs}/bus/pci/drivers/{driver}/{fn.bus_id}", "../../../../devices/" + "/".join(fn.path))
+    _link(f"{folder}/driver", "../" * (len(fn.path) + 1) + f"bus/pci/drivers/{driver}")
 
 
 def config_space(fn: PciFunction) -> bytes:

@@ -115,7 +115,11 @@ class SimulatedNvml(MigSymbols, ComputeModeSymbols, EventSymbols, IdentitySymbol
     sysfs_root: Path | None = None
     """The node's sysfs: NVML lists only the GPUs the nvidia driver holds, so with this set a GPU bound to another
     driver there (vfio-pci, for passthrough) or to none is absent from the count and from every handle lookup,
-    and listed again once nvidia holds it. The test-facing controls below still take positions among all GPUs."""
+    and listed again once nvidia holds it. The list is read at every call, not when the session starts: as with
+    NVML, whose nvmlInit_v2 attaches no GPU and whose enumeration follows the driver's GPUs in a running process
+    (its documentation of nvmlDeviceRemoveGpu_v2 and nvmlDeviceDiscoverGpus), a GPU bound to nvidia after
+    nvmlInit is counted without a new session, and the others are numbered again. The test-facing controls below
+    still take positions among all GPUs."""
 
     def __init__(
         self, gpus: list[SimGpu], driver_version: str = "580.95.05", cuda_driver_version: int = 13000
