@@ -33,6 +33,7 @@ from agent.claims.plan import Plan, one_per_uid, plan_claim
 from agent.claims.read import ClaimAllocation, ClaimError, check_reference, read_allocation
 from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.claims.results import ClaimResult, PreparedDeviceResult
+from agent.unexpected import unexpected
 from backends.capabilities import records_own_changes
 from backends.contract import ClaimRef, Prepared
 from backends.failpoints import failpoint
@@ -133,7 +134,7 @@ class Preparer:
                 result = await self._prepare_locked(ref, plan)
         except Exception as e:  # a bug must fail this claim, not the batch
             self.log.exception("prepare failed unexpectedly", claim=_name(ref))
-            result = ClaimResult(error=f"internal error while preparing: {type(e).__name__}: {e}")
+            result = ClaimResult(error=f"internal error while preparing: {unexpected(e)}")
         seconds = time.perf_counter() - started
         self._observe("prepare", seconds, bool(result.error))
         outcome = {"error": result.error} if result.error else {"devices": len(result.devices)}
@@ -322,7 +323,7 @@ class Preparer:
                 error = await self.release(ref, record)
         except Exception as e:
             self.log.exception("unprepare failed unexpectedly", claim=_name(ref))
-            error = f"internal error while unpreparing: {type(e).__name__}: {e}"
+            error = f"internal error while unpreparing: {unexpected(e)}"
         self._observe("unprepare", time.perf_counter() - started, bool(error))
         self.log.info("unprepared claim" if not error else "claim not unprepared", claim=_name(ref),
                       **({"error": error} if error else {}))

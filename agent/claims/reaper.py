@@ -20,6 +20,7 @@ from agent.claims.collaborators import ClaimReader
 from agent.claims.preparer import Preparer
 from agent.claims.records import ClaimRecord
 from agent.metrics import Metrics
+from agent.unexpected import unexpected
 from backends.contract import ClaimRef
 
 __all__ = ["Reaper", "gone_reason"]
@@ -84,7 +85,7 @@ class Reaper:
             except Exception as e:  # not a confirmation of anything: try again next time
                 self._metrics.api_errors.labels("get_resourceclaim").inc()
                 self._log.warning("cannot check whether a prepared claim still exists", claim=_name(record),
-                                  error=f"{type(e).__name__}: {e}" if not isinstance(e, TimeoutError) else "timeout")
+                                  error=unexpected(e))
                 continue
             reason = gone_reason(claim, record, preparer.driver, preparer.pool)
             if reason is None:
