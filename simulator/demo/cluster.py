@@ -34,7 +34,8 @@ from simulator.scheduler.allocator import Allocator
 from simulator.timing import scaled
 
 JsonObject = dict[str, Any]
-START_TIMEOUT = 60.0
+START_TIMEOUT = scaled(60.0)
+"""Seconds an agent of the demo may take to start: generous on an idle machine, stretched by the time factor."""
 
 
 class DemoError(Exception):
