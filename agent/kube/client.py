@@ -148,7 +148,10 @@ class KubeClient:
         if 200 <= response.status < 300:
             if not decode:
                 return None
-            return json.loads(raw) if raw else {}
+            try:
+                return json.loads(raw) if raw else {}
+            except ValueError:  # a proxy's page, a cut body: not the object asked for
+                raise KubeError(f"{what}: the answer is not JSON", response.status) from None
         message, reason = _status_message(raw)
         raise KubeError(f"{what}: {message or response.reason}", response.status, reason)
 
