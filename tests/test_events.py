@@ -247,8 +247,8 @@ async def test_no_event_is_written_about_a_claim_whose_reference_is_not_a_claims
     assert env.sample("dra_agent_events_dropped_total", cause="invalid-claim") == 3
     assert env.sample("dra_agent_events_total", type="Warning", reason="PrepareFailed") == 4
     told = [e["refused"] for e in logs if e["event"].startswith("claim not prepared; no Event about it")]
-    assert told == ['claim namespace \'../../../../tmp/x-ns\' is not a valid namespace name',
-                    "claim name '/etc/x' is not a valid object name", "claim UID '../x' is not a Kubernetes UID"]
+    assert told == ['claim namespace "../../../../tmp/x-ns" is not a valid namespace name',
+                    'claim name "/etc/x" is not a valid object name', 'claim UID "../x" is not a Kubernetes UID']
 
 
 async def test_an_event_whose_path_would_leave_its_object_is_not_sent(make_env: Callable[..., Any]) -> None:

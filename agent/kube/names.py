@@ -8,6 +8,7 @@ Predicates accept any object, so raw JSON values can be passed; the messages say
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 from backends.contract import is_semver as _backend_semver
@@ -132,9 +133,9 @@ def claim_reference_problem(uid: str, namespace: str, name: str) -> str:
     """What is wrong with a reference to a ResourceClaim (empty when nothing is): no API server makes a claim with
     this UID, namespace or name, so the reference must never reach a file name, a URL or an Event."""
     if not is_uid(uid):
-        return f"claim UID {uid[:_SHOWN]!r} is not a Kubernetes UID"
+        return f"claim UID {json.dumps(uid[:_SHOWN])} is not a Kubernetes UID"
     if not is_dns_label(namespace):
-        return f"claim namespace {namespace[:_SHOWN]!r} is not a valid namespace name"
+        return f"claim namespace {json.dumps(namespace[:_SHOWN])} is not a valid namespace name"
     if not is_dns_subdomain(name):
-        return f"claim name {name[:_SHOWN]!r} is not a valid object name"
+        return f"claim name {json.dumps(name[:_SHOWN])} is not a valid object name"
     return ""
