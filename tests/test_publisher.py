@@ -419,3 +419,26 @@ async def test_stopping_mid_publish_leaves_no_write_unawaited(make_env: Callable
         gc.collect()
     assert not [str(w.message) for w in caught if "never awaited" in str(w.message)]
     assert env.slices() == [], "stopped before any write"
+
+
+async def test_a_slow_first_list_never_makes_a_second_slice_for_one_index(make_env: Callable[..., Any]) -> None:
+    """A restarted agent whose first list of its slices is slow (a busy API server) waits for it: publishing
+    without knowing what the server holds would create a second slice of the same generation beside the one a
+    previous run left, an invalid pool that no scheduler allocates from until one of them goes."""
+    env = await make_env()
+    inventory = Inventory(GPU, devices(4))
+    await published(env, inventory)
+    [before] = env.slices()
+    await env.publisher.stop()
+    restarted = Publisher(env.publisher._kube, NODE, get_logger("publisher"))
+    env.server.delay("GET", SLICES, scaled(1.0), times=1, query=lambda q: "watch" not in q)
+    since = time.monotonic()
+    inventory.devices = devices(5)
+    try:
+        await asyncio.wait_for(restarted.publish(GPU, inventory.build).wait(), scaled(10))
+        [after] = env.slices()
+        assert after["metadata"]["name"] == before["metadata"]["name"]
+        assert len(after["spec"]["devices"]) == 5
+        assert env.server.count_requests("POST", SLICES, since=since) == 0
+    finally:
+        await restarted.stop()

@@ -162,10 +162,10 @@ class Publisher:
             await pool.dirty.wait()
             if pool.synced is None:
                 # The pool's first sync has no burst to coalesce: it goes as soon as the first list has brought
-                # the server's slices (at the latest after the same delay, as before, when the list is slow).
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(SYNC_DELAY):  # not wait_for: it can swallow the task's cancellation
-                        await pool.reachable.wait()
+                # the server's slices, and never before, however slow the list: a write made without knowing what
+                # the server holds would create a second slice beside one a previous run left, of the same
+                # generation, and no scheduler allocates from such a pool until one of them goes.
+                await pool.reachable.wait()
             else:
                 await asyncio.sleep(SYNC_DELAY)
             pool.dirty.clear()
