@@ -132,7 +132,10 @@ class Publisher:
                 if e.status == 410:
                     resource_version = ""
                     continue
-                self._log.warning("watching slices failed; retrying", driver=pool.driver, error=str(e),
+                # Until the first list succeeds the pool cannot be published at all (its first sync waits for
+                # it), so the operator reads that as what it is: publishing failing, not only a watch.
+                what = "publishing" if pool.synced is None else "watching"
+                self._log.warning(f"{what} slices failed; retrying", driver=pool.driver, error=str(e),
                                   retry_in=round(delay, 1))
                 await asyncio.sleep(_jittered(delay))
                 delay = min(delay * 2, BACKOFF_MAX)
