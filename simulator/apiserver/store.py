@@ -2,7 +2,8 @@
 
 Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
 and taint ``timeAdded``, ResourceClaim status only through ``/status``, its ``status.devices`` entries of
-deallocated devices dropped), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
+deallocated devices dropped), times the real server cannot read (400 for a body, 422 naming ``patch`` for a
+merge patch), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
 ResourceClaim's ``status.devices`` and allocation results' shareIDs on status writes, other kinds their names),
 optimistic concurrency (409), no-op updates that neither bump the resourceVersion nor notify watchers, and
 server-side apply of a claim's ``status.devices``. A DeviceClass's extendedResourceName is checked
@@ -29,7 +30,6 @@ from simulator.apiserver.deviceclasses import drop_disabled_class_fields, valida
 from simulator.apiserver.objects import (
     Key,
     allocation_errors,
-    decode_micro_times,
     default_taint_times,
     drop_disabled_fields,
     json_copy,
@@ -37,6 +37,7 @@ from simulator.apiserver.objects import (
     name_errors,
     now,
     object_key,
+    unreadable_time,
     with_version,
     without_type,
 )
@@ -164,7 +165,7 @@ class Store:
             default_taint_times(obj)
             errors = validate_resource_slice(obj)
         elif rt is EVENTS_V1:
-            decode_micro_times(obj)
+            _readable(rt, obj)
             errors = validate_event(obj)
         else:
             errors = name_errors(meta)
@@ -195,6 +196,7 @@ class Store:
         if meta.get("name") != name:
             raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
                            f"URL ({name})")  # fmt: skip
+        _readable(rt, obj)
         old = self.get(rt, namespace if rt.namespaced else "", name)
         old_meta = old["metadata"]
         if meta.get("uid") and meta["uid"] != old_meta["uid"]:
@@ -233,7 +235,6 @@ class Store:
         elif rt is RESOURCE_CLAIMS and status:
             errors = allocation_errors(obj) + claim_status_errors(obj.get("status") or {})
         elif rt is EVENTS_V1:
-            decode_micro_times(obj)
             errors = validate_event_update(old, obj)
         elif rt is DEVICE_CLASSES:
             errors = validate_device_class(obj)
@@ -251,7 +252,12 @@ class Store:
         if not isinstance(patch, dict):
             raise ApiError(400, "the patch must be a JSON object")
         old = self.get(rt, namespace if rt.namespaced else "", name)
-        return self.update(rt, namespace, name, json_copy(merge_patch(old, patch)), status=status, dry_run=dry_run)
+        patched = json_copy(merge_patch(old, patch))
+        if (why := unreadable_time(rt, patched)) is not None:  # the real server reports it as the patch's fault
+            error = f"Invalid value: {json.dumps(json.dumps(patched))}: {why}"
+            cause = {"reason": "FieldValueInvalid", "message": error, "field": "patch"}
+            raise ApiError(422, f' "" is invalid: patch: {error}', details={"name": "", "kind": "", "causes": [cause]})
+        return self.update(rt, namespace, name, patched, status=status, dry_run=dry_run)
 
     def apply_status(
         self, rt: ResourceType, namespace: str, name: str, body: Any, manager: str, *, force: bool = False,
@@ -396,3 +402,7 @@ class Store:
         self._history.clear()
 
 
+def _readable(rt: ResourceType, obj: JsonObject) -> None:
+    """400, as the real server's decoder answers, for a body with a time it cannot read."""
+    if (why := unreadable_time(rt, obj)) is not None:
+        raise ApiError(400, f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {why}')
