@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from agent.claims.status_rules import allocated_keys, device_key
+from agent.claims.status_rules import unreadable_time as unreadable_status_time
 from agent.events.rules import unreadable_time as unreadable_event_time
 from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
-from simulator.apiserver.resources import EVENTS_V1, JsonObject, ResourceType
+from simulator.apiserver.resources import EVENTS_V1, RESOURCE_CLAIMS, JsonObject, ResourceType
 
 __all__ = ["Key", "allocation_errors", "default_taint_times", "drop_deallocated_status_devices", "drop_disabled_fields",
            "json_copy", "merge_patch", "name_errors", "now", "object_key", "unreadable_time", "with_version",
@@ -136,9 +137,14 @@ def default_taint_times(obj: JsonObject) -> None:
 
 
 def unreadable_time(rt: ResourceType, obj: Mapping[str, Any]) -> str | None:
-    """Go's error for the first time of the object the real server cannot read (an Event's times): it fails the
-    request before validation. None when it reads them all."""
-    found = unreadable_event_time(obj) if rt is EVENTS_V1 else None
+    """Go's error for the first time of the object the real server cannot read (an Event's times, the condition
+    times of a claim's `status.devices`): it fails the request before validation. None when it reads them all."""
+    if rt is EVENTS_V1:
+        found = unreadable_event_time(obj)
+    elif rt is RESOURCE_CLAIMS and isinstance(obj.get("status"), Mapping):
+        found = unreadable_status_time(obj["status"])
+    else:
+        found = None
     return None if found is None else f'parsing time {found[0]} as "{found[1]}": cannot parse'
 
 

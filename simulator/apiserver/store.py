@@ -3,7 +3,7 @@
 Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
 and taint ``timeAdded``, ResourceClaim status only through ``/status``, its ``status.devices`` entries of
 deallocated devices dropped), times the real server cannot read (400 for a body, 422 naming ``patch`` for a
-merge patch), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
+merge patch, 500 for a server-side apply), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
 ResourceClaim's ``status.devices`` and allocation results' shareIDs on status writes, other kinds their names),
 optimistic concurrency (409), no-op updates that neither bump the resourceVersion nor notify watchers, and
 server-side apply of a claim's ``status.devices``. A DeviceClass's extendedResourceName is checked
@@ -276,6 +276,10 @@ class Store:
             raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
                            f"URL ({name})")  # fmt: skip
         status, managed = apply_status_devices(old, applied, manager, force=force, time=now())
+        if (why := unreadable_time(rt, {"status": status})) is not None:
+            raise ApiError(500, f"failed to convert new object ({namespace}/{name}; {rt.api_version}, Kind={rt.kind}) "
+                           f"to proper version: unable to convert unstructured object to {rt.api_version}, "
+                           f"Kind={rt.kind}: {why}")
         preconditions = {k: meta[k] for k in ("name", "uid", "resourceVersion") if meta.get(k)}
         return self.update(rt, namespace, name, {"metadata": preconditions, "status": status}, status=True,
                            dry_run=dry_run, managed_fields=managed)
