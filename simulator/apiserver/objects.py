@@ -15,11 +15,11 @@ from agent.claims.status_rules import allocated_keys, device_key
 from agent.claims.status_rules import unreadable_time as unreadable_status_time
 from agent.events.rules import unreadable_time as unreadable_event_time
 from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
-from simulator.apiserver.resources import EVENTS_V1, RESOURCE_CLAIMS, JsonObject, ResourceType
+from simulator.apiserver.resources import EVENTS_V1, RESOURCE_CLAIMS, ApiError, JsonObject, ResourceType
 
 __all__ = ["Key", "allocation_errors", "default_taint_times", "drop_deallocated_status_devices", "drop_disabled_fields",
-           "json_copy", "merge_patch", "name_errors", "now", "object_key", "unreadable_time", "with_version",
-           "without_type"]
+           "json_copy", "merge_patch", "name_errors", "now", "object_key", "refuse_unreadable", "unreadable_time",
+           "with_version", "without_type"]
 
 Key = tuple[str, str]  # (namespace or "", name)
 
@@ -146,6 +146,23 @@ def unreadable_time(rt: ResourceType, obj: Mapping[str, Any]) -> str | None:
     else:
         found = None
     return None if found is None else f'parsing time {found[0]} as "{found[1]}": cannot parse'
+
+
+def refuse_unreadable(rt: ResourceType, obj: Mapping[str, Any], write: str = "body", where: str = "") -> None:
+    """Refuse an object with a time the real server cannot read, as it refuses it: 400 for a request's `body`,
+    422 naming `patch` for the result of a merge patch (the patch's fault), 500 for the result of an `apply` to
+    the object at `where` (namespace/name)."""
+    why = unreadable_time(rt, obj)
+    if why is None:
+        return
+    if write == "patch":
+        error = f"Invalid value: {json.dumps(json.dumps(obj))}: {why}"
+        cause = {"reason": "FieldValueInvalid", "message": error, "field": "patch"}
+        raise ApiError(422, f' "" is invalid: patch: {error}', details={"name": "", "kind": "", "causes": [cause]})
+    if write == "apply":
+        raise ApiError(500, f"failed to convert new object ({where}; {rt.api_version}, Kind={rt.kind}) to proper "
+                       f"version: unable to convert unstructured object to {rt.api_version}, Kind={rt.kind}: {why}")
+    raise ApiError(400, f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {why}')
 
 
 def name_errors(meta: Mapping[str, Any]) -> list[str]:

@@ -39,7 +39,7 @@ from simulator.apiserver.objects import (
     name_errors,
     now,
     object_key,
-    unreadable_time,
+    refuse_unreadable,
     with_version,
     without_type,
 )
@@ -169,7 +169,7 @@ class Store:
             default_taint_times(obj)
             errors = validate_resource_slice(obj)
         elif rt is EVENTS_V1:
-            _readable(rt, obj)
+            refuse_unreadable(rt, obj)
             errors = validate_event(obj)
         else:
             errors = name_errors(meta)
@@ -201,7 +201,7 @@ class Store:
         if meta.get("name") != name:
             raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
                            f"URL ({name})")  # fmt: skip
-        _readable(rt, obj)
+        refuse_unreadable(rt, obj)
         old = self.get(rt, namespace if rt.namespaced else "", name)
         old_meta = old["metadata"]
         if meta.get("uid") and meta["uid"] != old_meta["uid"]:
@@ -260,10 +260,7 @@ class Store:
             raise ApiError(400, "the patch must be a JSON object")
         old = self.get(rt, namespace if rt.namespaced else "", name)
         patched = json_copy(merge_patch(old, patch))
-        if (why := unreadable_time(rt, patched)) is not None:  # the real server reports it as the patch's fault
-            error = f"Invalid value: {json.dumps(json.dumps(patched))}: {why}"
-            cause = {"reason": "FieldValueInvalid", "message": error, "field": "patch"}
-            raise ApiError(422, f' "" is invalid: patch: {error}', details={"name": "", "kind": "", "causes": [cause]})
+        refuse_unreadable(rt, patched, "patch")
         return self.update(rt, namespace, name, patched, status=status, dry_run=dry_run, verb="patch")
 
     def apply_status(
@@ -283,10 +280,7 @@ class Store:
             raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
                            f"URL ({name})")  # fmt: skip
         status, managed = apply_status_devices(old, applied, manager, force=force, time=now())
-        if (why := unreadable_time(rt, {"status": status})) is not None:
-            raise ApiError(500, f"failed to convert new object ({namespace}/{name}; {rt.api_version}, Kind={rt.kind}) "
-                           f"to proper version: unable to convert unstructured object to {rt.api_version}, "
-                           f"Kind={rt.kind}: {why}")
+        refuse_unreadable(rt, {"status": status}, "apply", f"{namespace}/{name}")
         preconditions = {k: meta[k] for k in ("name", "uid", "resourceVersion") if meta.get(k)}
         return self.update(rt, namespace, name, {"metadata": preconditions, "status": status}, status=True,
                            dry_run=dry_run, managed_fields=managed, verb="patch")
@@ -412,8 +406,3 @@ class Store:
         self._compacted = self._rv
         self._history.clear()
 
-
-def _readable(rt: ResourceType, obj: JsonObject) -> None:
-    """400, as the real server's decoder answers, for a body with a time it cannot read."""
-    if (why := unreadable_time(rt, obj)) is not None:
-        raise ApiError(400, f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {why}')
