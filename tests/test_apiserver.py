@@ -482,7 +482,8 @@ async def test_events_v1_are_validated_as_the_real_server_does(http: aiohttp.Cli
     assert body["details"]["causes"] == [{"reason": "FieldValueInvalid", "field": "message",
                                           "message": 'Invalid value: "": can have at most 1024 characters'}]
     status, body = await create(eventTime="2026-05-01T12:00:00Z", metadata={"name": "whole-seconds"})
-    assert status == 400 and "eventTime" in body["message"]
+    assert status == 400
+    assert 'parsing time "2026-05-01T12:00:00Z" as "2006-01-02T15:04:05.000000Z07:00"' in body["message"]
     status, body = await create(metadata={"name": "elsewhere", "namespace": "team-a"})
     assert status == 400, "the namespace of the body must be the one of the path"
     async with http.post("/apis/events.k8s.io/v1/namespaces/team-a/events", json=good) as response:
@@ -498,7 +499,8 @@ async def test_events_v1_are_validated_as_the_real_server_does(http: aiohttp.Cli
     assert await patch({"series": {"count": 1, "lastObservedTime": "2026-05-01T12:01:00.000000Z"}}) == 422
     assert await patch({"series": {"count": 3}}) == 422, "lastObservedTime is required"
     assert await patch({"note": "another note"}) == 422, "immutable"
-    assert await patch({"series": {"count": 3, "lastObservedTime": "2026-05-01T12:01:00"}}) == 400
+    # A patched Event the server cannot read is the patch's fault: 422 naming `patch`, not 400.
+    assert await patch({"series": {"count": 3, "lastObservedTime": "2026-05-01T12:01:00"}}) == 422
     assert await patch({"series": {"count": 3, "lastObservedTime": "2026-05-01T12:01:00.000000Z"}}) == 200
 
 

@@ -1,9 +1,11 @@
 """The test API server's `resourceclaims/<name>/status` as the real server serves it for KEP-4817: server-side
 apply of `status.devices` per field manager (two drivers never clobber each other's entries), its managedFields,
-the validation of every entry with the real field paths, and entries dropped with their device's allocation."""
+the validation of every entry with the real field paths, entries dropped with their device's allocation, and the
+per-driver permission a write changing a driver's entries needs (which the agent's writer counts as refused)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,11 +13,18 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 import yaml
 
+from agent.claims.records import ClaimRecord, DeviceRecord
+from agent.claims.status_writer import Backoff, ClaimStatusWriter
 from agent.kube.client import KubeClient, KubeError
+from agent.metrics import Metrics
+from backends.contract import ClaimRef
+from simulator.apiserver.authorization import AGENT_USER, Caller
 from simulator.apiserver.objects import drop_deallocated_status_devices
 from simulator.apiserver.server import TestApiServer
+from tests.timing import scaled
 
 NODE = "node-a"
 GPU, NIC = "gpu.example.com", "nic.example.com"
@@ -153,8 +162,6 @@ async def test_taking_another_managers_entry_needs_force(api: Api) -> None:
      "status.devices[0].conditions[0].reason", "a condition reason must start with alphabetic character"),
     ({"conditions": [{"type": "Ready", "status": "True", "reason": "R"}]},
      "status.devices[0].conditions[0].lastTransitionTime", "Required value"),
-    ({"conditions": [{"type": "Ready", "status": "True", "reason": "R", "lastTransitionTime": WHEN}] * 2},
-     "status.devices[0].conditions[1].type", "Duplicate value"),
     ({"conditions": [{"type": f"T{i}", "status": "True", "reason": "R", "lastTransitionTime": WHEN}
                      for i in range(9)]}, "status.devices[0].conditions", "Too many: 9"),
 ])
@@ -168,15 +175,20 @@ async def test_a_bad_entry_is_refused_with_the_real_field_path(api: Api, bad: di
 
 
 async def test_duplicate_keys_are_refused(api: Api) -> None:
+    # An apply cannot even be read as a list-map: the real server says so as an internal error.
     with pytest.raises(KubeError) as refused:
         await api.apply(GPU, entry(GPU, "gpu-0"), entry(GPU, "gpu-0"))
-    assert refused.value.status == 422 and "status.devices[1].deviceID: Duplicate value" in str(refused.value)
+    assert refused.value.status == 500 and ".status.devices: duplicate entries for key [device=\"gpu-0\"," \
+        in str(refused.value)
+    with pytest.raises(KubeError) as twice:
+        await api.apply(GPU, entry(GPU, "gpu-0", conditions=entry(GPU, "gpu-0")["conditions"] * 2))
+    assert twice.value.status == 500 and '.conditions: duplicate entries for key [type=\"Ready\"]' in str(twice.value)
     claim = api.claim()
     claim["status"]["devices"] = [entry(GPU, "gpu-0"), entry(GPU, "gpu-0")]
     with pytest.raises(KubeError) as put:
         await api.kube.request("PUT", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
                                body=claim)
-    assert put.value.status == 422 and "status.devices[1].deviceID: Duplicate value" in str(put.value)
+    assert put.value.status == 422 and "status.devices[1]: Duplicate value" in str(put.value)
 
 
 async def test_status_devices_are_written_through_status_only(api: Api) -> None:
@@ -242,3 +254,76 @@ def test_a_share_leaving_the_allocation_takes_only_its_own_entry() -> None:
                                       "devices": [share(SHARE), share(other)]}}
     drop_deallocated_status_devices(new, old)
     assert new["status"]["devices"] == [share(other)]
+
+
+# --- who may change whose entries ---------------------------------------------------------------------------------
+
+ON_NODE = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+
+
+def forbidden(driver: str, verbs: str, user: str = AGENT_USER) -> str:
+    """The real server's words for a status write changing `driver`'s entries without the permission."""
+    first = verbs.split()[0]
+    return (f'status.devices: Forbidden: changing status.devices requires resource="resourceclaims/driver", '
+            f'verb="[{verbs}]" permission: resourceclaims.resource.k8s.io "{driver}" is forbidden: User "{user}" '
+            f'cannot {first} resource "resourceclaims/driver" in API group "resource.k8s.io" in the namespace '
+            f'"default"')
+
+
+async def test_a_write_changing_a_drivers_entries_needs_that_drivers_permission(api: Api) -> None:
+    claim = api.claim()
+    claim["status"]["allocation"]["nodeSelector"] = ON_NODE
+    api.server.put_claim(claim)
+    api.server.caller = Caller(node=NODE, status_drivers=frozenset({NIC}))
+    with pytest.raises(KubeError) as refused:
+        await api.apply(GPU, entry(GPU, "gpu-0"), entry(GPU, "gpu-9"))
+    # The token carries the claim's node: both verbs are tried, associated-node first; then validation's errors.
+    assert refused.value.status == 422
+    assert (f'"claim" is invalid: [{forbidden(GPU, "associated-node:patch arbitrary-node:patch")}, '
+            'status.devices[1]: Invalid value: "gpu.example.com/node-a/gpu-9"') in str(refused.value)
+    await api.apply(NIC, entry(NIC, "vf-0"))  # a driver it may write for
+    assert api.devices() == [(NIC, "vf-0")]
+
+    # Elsewhere than the token's node, or with no node in it, only arbitrary-node is tried; a PUT is an update.
+    api.server.caller = Caller(status_drivers=frozenset({NIC}))
+    with pytest.raises(KubeError) as put:
+        stored = api.claim()
+        stored["status"]["devices"].append(entry(GPU, "gpu-0"))
+        await api.kube.request("PUT", f"{CLAIMS}/claim/status", body=stored)
+    assert forbidden(GPU, "arbitrary-node:update") in str(put.value)
+
+    # Taking away another driver's entry is changing it; writing them unchanged is not.
+    api.server.caller = Caller(status_drivers=frozenset({GPU}))
+    await api.apply(GPU, entry(GPU, "gpu-0"))
+    with pytest.raises(KubeError) as removal:
+        stored = api.claim()
+        stored["status"]["devices"] = [e for e in stored["status"]["devices"] if e["driver"] == GPU]
+        await api.kube.request("PUT", f"{CLAIMS}/claim/status", body=stored)
+    assert forbidden(NIC, "arbitrary-node:update") in str(removal.value)
+    await api.apply(GPU, entry(GPU, "gpu-0"), entry(GPU, "gpu-1"))
+    assert api.devices() == [(NIC, "vf-0"), (GPU, "gpu-0"), (GPU, "gpu-1")]
+
+
+async def test_the_writer_counts_a_write_without_the_drivers_permission_as_refused(api: Api) -> None:
+    claim = api.claim()
+    claim["status"]["allocation"]["nodeSelector"] = ON_NODE
+    api.server.put_claim(claim)
+    api.server.caller = Caller(node=NODE, status_drivers=frozenset({NIC}))
+    metrics = Metrics()
+    with structlog.testing.capture_logs() as logs:
+        writer = ClaimStatusWriter(api.kube, GPU, NODE, metrics=metrics, log=structlog.get_logger(),
+                                   backoff=Backoff(first=0.001, limit=0.002, attempts=3, timeout=scaled(5)), settle=0)
+        writer.prepared(ClaimRef(api.uid, "default", "claim"), ClaimRecord(
+            api.uid, "default", "claim", "completed", "boot", (DeviceRecord("gpu-0", "nvidia-gpu"),)))
+        async with asyncio.timeout(scaled(10)):
+            while writer.pending:  # noqa: ASYNC110 - the writer's task ends on its own
+                await asyncio.sleep(0.01)
+    outcomes = {outcome: metrics.registry.get_sample_value(
+        "dra_agent_claim_status_writes_total", {"driver": GPU, "outcome": outcome}) or 0.0
+        for outcome in ("ok", "refused", "error")}
+    assert outcomes == {"ok": 0.0, "refused": 1.0, "error": 0.0}, "refused, and not tried again"
+    assert api.server.count_requests("PATCH", f"{CLAIMS}/claim/status", status=422) == 1
+    (logged,) = [e for e in logs if e["event"] == "the API server refused the claim's status"]
+    assert forbidden(GPU, "associated-node:patch arbitrary-node:patch") in logged["error"]
+    assert api.devices() == []

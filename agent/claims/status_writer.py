@@ -32,8 +32,8 @@ from structlog.typing import FilteringBoundLogger
 
 from agent.claims.records import ClaimRecord
 from agent.claims.status import READY, StatusApply, released_status, rfc3339, status_apply
-from agent.claims.status_rules import is_rfc3339
 from agent.kube.client import KubeError
+from agent.kube.times import is_rfc3339
 from agent.logs import get_logger
 from agent.metrics import Metrics
 from backends.contract import ClaimRef

@@ -6,21 +6,23 @@ Events created or updated through events.k8s.io/v1 (pkg/apis/core/validation/eve
 qualified name, `reportingInstance`, `action` and `reason` required and at most 128 bytes, `note` at most 1 KiB,
 the deprecated core fields unset, a `series` with a count of at least 2 and a `lastObservedTime`; an Event about
 a cluster-scoped object (a Node) lives in the namespace `default` (or `kube-system`). On update every field but
-the series and the metadata is immutable. Error paths name the core/v1 fields, as the server's messages do
-(`message` for the note, `involvedObject` for `regarding`).
+the series and the metadata is immutable, compared as the server compares decoded objects (the same moment in
+another offset is the same eventTime). Error paths name the core/v1 fields, as the server's messages do
+(`message` for the note, `involvedObject` for `regarding`). A time the server cannot read
+(agent/kube/times.py) fails the request before validation: :func:`unreadable_time` finds it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain, is_label_key
+from agent.kube.names import DNS_LABEL_MSG, SUBDOMAIN_MSG, is_dns_label, is_dns_subdomain, is_label_key
+from agent.kube.times import MICRO_TIME_LAYOUT, TIME_LAYOUT, instant, is_micro_time, is_rfc3339
 
 __all__ = [
     "ACTION_LIMIT",
@@ -37,6 +39,7 @@ __all__ = [
     "is_micro_time",
     "micro_time",
     "reporting_instance",
+    "unreadable_time",
     "validate_event",
     "validate_event_update",
 ]
@@ -50,7 +53,6 @@ NOTE_LIMIT = 1024
 """Bytes, not characters: the server measures the UTF-8 encoding."""
 
 _ELLIPSIS = "…"
-_MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
 _CLUSTER_EVENT_NAMESPACES = ("default", "kube-system")
 # Fields an update may not change (the series and the metadata may change).
 _IMMUTABLE = (
@@ -91,11 +93,6 @@ def micro_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def is_micro_time(value: object) -> bool:
-    """What the server's MicroTime decoder accepts (Go's layout "2006-01-02T15:04:05.000000Z07:00")."""
-    return isinstance(value, str) and _MICRO_TIME.fullmatch(value) is not None
-
-
 def event_name(regarding_name: str, unix_nanos: int) -> str:
     """`<object>.<nanoseconds in hex>`, or a random UUID when that is no DNS subdomain (a name near 253)."""
     name = f"{regarding_name}.{unix_nanos:x}"
@@ -128,17 +125,40 @@ def check_fields(type_: str, reason: str, action: str) -> None:
             raise ValueError(f"event {field} must be 1-{limit} bytes, got {value!r}")
 
 
+def unreadable_time(event: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first time of the Event the server cannot read (it refuses the request before validating it), and
+    the layout it reads that field with; None when it reads every one."""
+    series = event.get("series")
+    times = [(event.get("eventTime"), True), (event.get("deprecatedFirstTimestamp"), False),
+             (event.get("deprecatedLastTimestamp"), False)]
+    if isinstance(series, Mapping):
+        times.append((series.get("lastObservedTime"), True))
+    for value, micro in times:
+        if value is not None and not (is_micro_time(value) if micro else is_rfc3339(value)):
+            return json.dumps(value), MICRO_TIME_LAYOUT if micro else TIME_LAYOUT
+    return None
+
+
 def validate_event(event: Mapping[str, Any]) -> list[str]:
-    """The server's errors for an Event created through events.k8s.io/v1, as `"<field>: <message>"`."""
+    """The server's errors for an Event created through events.k8s.io/v1, as `"<field>: <message>"` (one it can
+    read: see :func:`unreadable_time`)."""
     errors = _legacy_errors(event)
     meta = event.get("metadata") or {}
+    namespace = meta.get("namespace") or ""
+    if not namespace:
+        errors.append("metadata.namespace: Required value")
+    elif not is_dns_label(namespace):
+        errors.append(f"metadata.namespace: Invalid value: {json.dumps(namespace)}: {DNS_LABEL_MSG}")
+    prefix = meta.get("generateName")
+    if prefix and not is_dns_subdomain(_mask_trailing_dash(str(prefix))):
+        errors.append(f"metadata.generateName: Invalid value: {json.dumps(prefix)}: {SUBDOMAIN_MSG}")
     name = meta.get("name")
     if not name:
         errors.append("metadata.name: Required value: name or generateName is required")
     elif not is_dns_subdomain(name):
         errors.append(f"metadata.name: Invalid value: {json.dumps(name)}: {SUBDOMAIN_MSG}")
     errors += _series_errors(event)
-    if not event.get("eventTime"):
+    if event.get("eventTime") is None:
         errors.append("eventTime: Required value")
     if event.get("type") not in (NORMAL, WARNING):
         errors.append(f'type: Invalid value: "": has invalid value: {event.get("type") or ""}')
@@ -153,14 +173,45 @@ def validate_event(event: Mapping[str, Any]) -> list[str]:
 
 
 def validate_event_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """The server's errors for an update (or patch) of an Event through events.k8s.io/v1."""
+    """The server's errors for an update (or patch) of an Event through events.k8s.io/v1. Fields compare as the
+    server compares them once decoded: a field set to its zero value ("", 0, an empty object) equals one left
+    out, and two times naming the same moment are equal."""
     errors = _legacy_errors(new)
-    if new.get("series") != old.get("series"):
+    if _series(new) != _series(old):
         errors += _series_errors(new)
     for field, core in _IMMUTABLE:
-        if new.get(field) != old.get(field):
+        if field == "eventTime":
+            changed = instant(new.get(field), micro=True) != instant(old.get(field), micro=True)
+        elif field in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp"):
+            changed = instant(new.get(field)) != instant(old.get(field))
+        else:
+            changed = _zero_free(new.get(field)) != _zero_free(old.get(field))
+        if changed:
             errors.append(f"{core}: Invalid value: {json.dumps(new.get(field))}: field is immutable")
     return errors
+
+
+def _mask_trailing_dash(prefix: str) -> str:
+    """What the server validates of a generateName: a trailing dash (and the character before it) replaced by
+    a letter, since a generated suffix follows."""
+    return prefix[:-2] + "a" if len(prefix) > 1 and prefix.endswith("-") else prefix
+
+
+def _zero_free(value: Any) -> Any:
+    """`value` without the members Go would decode to their zero values, so that equal objects compare equal."""
+    if isinstance(value, Mapping):
+        kept = {k: _zero_free(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in (None, "", 0, False, {}, [])}
+    if isinstance(value, list):
+        return [_zero_free(item) for item in value]
+    return value
+
+
+def _series(event: Mapping[str, Any]) -> tuple[Any, int | None] | None:
+    series = event.get("series")
+    if not isinstance(series, Mapping):
+        return None
+    return series.get("count"), instant(series.get("lastObservedTime"), micro=True)
 
 
 def _series_errors(event: Mapping[str, Any]) -> list[str]:
@@ -173,23 +224,25 @@ def _series_errors(event: Mapping[str, Any]) -> list[str]:
     count = series.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 2:
         errors.append('series.count: Invalid value: "": should be at least 2')
-    if not series.get("lastObservedTime"):
+    if series.get("lastObservedTime") is None:
         errors.append("series.lastObservedTime: Required value")
     return errors
 
 
 def _legacy_errors(event: Mapping[str, Any]) -> list[str]:
-    """The checks every Event passes whichever API wrote it (those of an Event with an `eventTime`)."""
+    """The checks every Event passes whichever API wrote it: those of an Event with an `eventTime` (the agent's),
+    or the older ones of an Event without."""
     errors = []
     namespace = (event.get("metadata") or {}).get("namespace") or ""
     regarding = event.get("regarding") or {}
-    regarding_namespace = regarding.get("namespace") if isinstance(regarding, Mapping) else None
-    if event.get("eventTime"):
+    regarding_namespace = (regarding.get("namespace") if isinstance(regarding, Mapping) else None) or ""
+    if event.get("eventTime") is not None:
         if not regarding_namespace and namespace not in _CLUSTER_EVENT_NAMESPACES:
             errors.append('involvedObject.namespace: Invalid value: "": does not match event.namespace')
         controller = event.get("reportingController") or ""
         if not controller:
             errors.append("reportingController: Required value")
+            errors.append('reportingController: Invalid value: "": name part must be non-empty')
         elif not is_label_key(controller):
             errors.append(f"reportingController: Invalid value: {json.dumps(controller)}: must be a qualified "
                           "name: [DNS subdomain '/'] name of 1-63 letters, digits, '-', '_', '.'")
@@ -198,11 +251,10 @@ def _legacy_errors(event: Mapping[str, Any]) -> list[str]:
         errors += _length_errors(event, "reason", "reason", REASON_LIMIT)
         if len(str(event.get("note") or "").encode()) > NOTE_LIMIT:
             errors.append(f'message: Invalid value: "": can have at most {NOTE_LIMIT} characters')
-    elif regarding_namespace and namespace != regarding_namespace:
+    # An older Event's namespace is its object's, or default for a cluster-scoped object (or none).
+    elif namespace != regarding_namespace and (regarding_namespace or namespace != "default"):
         errors.append(f"involvedObject.namespace: Invalid value: {json.dumps(regarding_namespace)}: does not "
                       "match event.namespace")
-    if not is_dns_subdomain(namespace):
-        errors.append(f"namespace: Invalid value: {json.dumps(namespace)}: {SUBDOMAIN_MSG}")
     return errors
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from agent.claims.status_rules import DeviceKey, device_key
 from simulator.apiserver.objects import drop_deallocated_status_devices
-from simulator.apiserver.resources import RESOURCE_CLAIMS, ApiError, JsonObject, invalid
+from simulator.apiserver.resources import RESOURCE_CLAIMS, ApiError, JsonObject
 
 __all__ = ["APPLY_PATCH", "apply_status_devices", "claim_status_written", "owned_keys", "prune_managed_fields"]
 
@@ -42,11 +42,14 @@ def apply_status_devices(old: Mapping[str, Any], applied: Mapping[str, Any], man
     if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
         raise ApiError(400, "status.devices must be a list of objects")
     wanted: dict[DeviceKey, JsonObject] = {}
-    for i, entry in enumerate(entries):
+    for entry in entries:
         key = device_key(entry)
         if key in wanted:
-            raise invalid(RESOURCE_CLAIMS, name, [f"status.devices[{i}].deviceID: Duplicate value: {_key_text(key)}"])
+            raise _duplicate(old, ".status.devices", _key_fields(key))
         wanted[key] = dict(entry)
+        types = [c.get("type") for c in entry.get("conditions") or () if isinstance(c, Mapping)]
+        if (twice := next((t for i, t in enumerate(types) if t in types[:i]), None)) is not None:
+            raise _duplicate(old, f".status.devices{_key_fields(key)}.conditions", f"[type={json.dumps(twice)}]")
     old_status: JsonObject = dict(old.get("status") or {})
     live: list[JsonObject] = list(old_status.get("devices") or [])
     managed: list[JsonObject] = list((old.get("metadata") or {}).get("managedFields") or [])
@@ -173,17 +176,27 @@ def _fields(value: Mapping[str, Any]) -> JsonObject:
     return fields
 
 
-def _key_text(key: DeviceKey) -> str:
-    return json.dumps("/".join(part for part in key if part is not None))
+def _key_fields(key: DeviceKey) -> str:
+    """An entry's key as server-side apply prints it: `[device="...",driver="...",pool="..."(,shareID="...")]`."""
+    driver, pool, device, share = key
+    parts = [f'device="{device}"', f'driver="{driver}"', f'pool="{pool}"']
+    if share is not None:
+        parts.append(f'shareID="{share}"')
+    return "[" + ",".join(parts) + "]"
+
+
+def _duplicate(claim: Mapping[str, Any], path: str, key: str) -> ApiError:
+    """What the real server answers an apply listing one key of a list-map twice: it cannot build the typed
+    patch, and says so as an internal error, before any validation."""
+    meta = claim.get("metadata") or {}
+    return ApiError(500, f"failed to create typed patch object ({meta.get('namespace')}/{meta.get('name')}; "
+                    f"{RESOURCE_CLAIMS.api_version}, Kind={RESOURCE_CLAIMS.kind}): {path}: duplicate entries for key "
+                    f"{key}")
 
 
 def _conflict(name: str, conflicts: Sequence[tuple[DeviceKey, str]]) -> ApiError:
     def path(key: DeviceKey) -> str:
-        driver, pool, device, share = key
-        parts = [f'device="{device}"', f'driver="{driver}"', f'pool="{pool}"']
-        if share is not None:
-            parts.append(f'shareID="{share}"')
-        return ".status.devices[" + ",".join(parts) + "]"
+        return ".status.devices" + _key_fields(key)
 
     lines = [f'conflict with "{manager}" with subresource "status" using {RESOURCE_CLAIMS.api_version}: '
              f"{path(key)}" for key, manager in conflicts]

@@ -1,6 +1,6 @@
 """What the test API server does to an object's JSON on its way in and out, as the real registry does: timestamps,
-copies, JSON merge patches, fields of disabled feature gates dropped, defaults, and the checks of names and Event
-MicroTimes that come before validation.
+copies, JSON merge patches, fields of disabled feature gates dropped, defaults, and the checks of names and of
+times that come before validation.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from agent.claims.status_rules import allocated_keys, device_key
-from agent.events.rules import is_micro_time
+from agent.claims.status_rules import unreadable_time as unreadable_status_time
+from agent.events.rules import unreadable_time as unreadable_event_time
 from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
-from simulator.apiserver.resources import ApiError, JsonObject
+from simulator.apiserver.resources import EVENTS_V1, RESOURCE_CLAIMS, ApiError, JsonObject, ResourceType
 
-__all__ = ["Key", "allocation_errors", "decode_micro_times", "default_taint_times", "drop_deallocated_status_devices",
-           "drop_disabled_fields", "json_copy", "merge_patch", "name_errors", "now", "object_key", "with_version",
-           "without_type"]
+__all__ = ["Key", "allocation_errors", "default_taint_times", "drop_deallocated_status_devices", "drop_disabled_fields",
+           "json_copy", "merge_patch", "name_errors", "now", "object_key", "refuse_unreadable", "unreadable_time",
+           "with_version", "without_type"]
 
 Key = tuple[str, str]  # (namespace or "", name)
 
@@ -135,16 +136,33 @@ def default_taint_times(obj: JsonObject) -> None:
                 taint["timeAdded"] = now()
 
 
-def decode_micro_times(event: Mapping[str, Any]) -> None:
-    """The real server decodes an Event's MicroTimes before validating it: a malformed one is a 400."""
-    series = event.get("series")
-    times = {"eventTime": event.get("eventTime")}
-    if isinstance(series, Mapping):
-        times["series.lastObservedTime"] = series.get("lastObservedTime")
-    for field, value in times.items():
-        if value is not None and not is_micro_time(value):
-            raise ApiError(400, f'Event in version "v1" cannot be handled as a Event: {field}: parsing time '
-                           f'{json.dumps(value)} as "2006-01-02T15:04:05.000000Z07:00": cannot parse')
+def unreadable_time(rt: ResourceType, obj: Mapping[str, Any]) -> str | None:
+    """Go's error for the first time of the object the real server cannot read (an Event's times, the condition
+    times of a claim's `status.devices`): it fails the request before validation. None when it reads them all."""
+    if rt is EVENTS_V1:
+        found = unreadable_event_time(obj)
+    elif rt is RESOURCE_CLAIMS and isinstance(obj.get("status"), Mapping):
+        found = unreadable_status_time(obj["status"])
+    else:
+        found = None
+    return None if found is None else f'parsing time {found[0]} as "{found[1]}": cannot parse'
+
+
+def refuse_unreadable(rt: ResourceType, obj: Mapping[str, Any], write: str = "body", where: str = "") -> None:
+    """Refuse an object with a time the real server cannot read, as it refuses it: 400 for a request's `body`,
+    422 naming `patch` for the result of a merge patch (the patch's fault), 500 for the result of an `apply` to
+    the object at `where` (namespace/name)."""
+    why = unreadable_time(rt, obj)
+    if why is None:
+        return
+    if write == "patch":
+        error = f"Invalid value: {json.dumps(json.dumps(obj))}: {why}"
+        cause = {"reason": "FieldValueInvalid", "message": error, "field": "patch"}
+        raise ApiError(422, f' "" is invalid: patch: {error}', details={"name": "", "kind": "", "causes": [cause]})
+    if write == "apply":
+        raise ApiError(500, f"failed to convert new object ({where}; {rt.api_version}, Kind={rt.kind}) to proper "
+                       f"version: unable to convert unstructured object to {rt.api_version}, Kind={rt.kind}: {why}")
+    raise ApiError(400, f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {why}')
 
 
 def name_errors(meta: Mapping[str, Any]) -> list[str]:

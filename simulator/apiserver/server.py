@@ -7,13 +7,13 @@ objects, fault injection and the request log. Run ``python -m simulator.apiserve
 PATH`` to serve it standalone until SIGINT or SIGTERM.
 
 Left out on purpose: namespaces as objects (any namespace exists), finalizers and graceful deletion,
-admission, feature-gated field dropping, Warning headers, managedFields and server-side apply (but for a
-ResourceClaim's status.devices, simulator/apiserver/apply.py), JSON patch
-and strategic-merge directives, ``fieldValidation``, validation of other kinds than ResourceSlice and
+authorization (but for the per-driver check of a claim's ``status.devices`` writes,
+simulator/apiserver/authorization.py), admission, feature-gated field dropping, Warning headers, managedFields
+and server-side apply (but for a ResourceClaim's status.devices, simulator/apiserver/apply.py), JSON patch and
+strategic-merge directives, ``fieldValidation``, validation of other kinds than ResourceSlice and
 events.k8s.io/v1 Event beyond their names (but a DeviceClass's extendedResourceName), the time to live of Events,
-consistent snapshots behind list
-``continue`` tokens and ``resourceVersion`` reads, closing watches that fall behind, conversion between the
-core/v1 and events.k8s.io/v1 Event APIs, and aggregated discovery.
+consistent snapshots behind list ``continue`` tokens and ``resourceVersion`` reads, closing watches that fall
+behind, conversion between the core/v1 and events.k8s.io/v1 Event APIs, and aggregated discovery.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Self
 import yaml
 from aiohttp import web
 
+from simulator.apiserver.authorization import ANYONE, Caller
 from simulator.apiserver.faults import Fault, FaultRules, Methods, PathPattern, QueryTest, RequestRecord
 from simulator.apiserver.faults import select_records as _select
 from simulator.apiserver.http import HttpFrontEnd
@@ -49,7 +50,7 @@ from simulator.apiserver.resources import (
 )
 from simulator.apiserver.store import Store
 
-__all__ = ["Fault", "RequestRecord", "TestApiServer", "main"]
+__all__ = ["Caller", "Fault", "RequestRecord", "TestApiServer", "main"]
 
 DEFAULT_TOKEN = "test-token"  # a fixed token: the server only listens on loopback
 
@@ -59,7 +60,9 @@ class TestApiServer:
 
     ``history_size`` bounds the change history that watches replay from (older resourceVersions get 410);
     ``bookmark_interval`` is how often watches that allow bookmarks get one (the real server: about a
-    minute); ``watch_timeout`` ends watches that give no ``timeoutSeconds``.
+    minute); ``watch_timeout`` ends watches that give no ``timeoutSeconds``; ``caller`` is who the token stands
+    for, and which drivers' entries of a claim's ``status.devices`` it may change (simulator/apiserver/
+    authorization.py; by default every driver's).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -74,9 +77,10 @@ class TestApiServer:
         bookmark_interval: float = 60.0,
         watch_timeout: float = 1800.0,
         disabled_gates: Iterable[str] = (),
+        caller: Caller = ANYONE,
     ) -> None:
         self.host, self.token = host, token
-        self.store = Store(history_size, disabled_gates)
+        self.store = Store(history_size, disabled_gates, caller)
         self.faults = FaultRules()
         self.requests: list[RequestRecord] = []
         self._port = port
@@ -149,6 +153,15 @@ class TestApiServer:
     @bookmark_interval.setter
     def bookmark_interval(self, seconds: float) -> None:
         self._front.bookmark_interval = seconds
+
+    @property
+    def caller(self) -> Caller:
+        """Who the token stands for; set it to change what the token may do from the next request on."""
+        return self.store.caller
+
+    @caller.setter
+    def caller(self, caller: Caller) -> None:
+        self.store.caller = caller
 
     @property
     def auth_headers(self) -> dict[str, str]:

@@ -2,12 +2,14 @@
 
 Writes follow the real registry: generated names, system metadata, strategy effects (ResourceSlice generation
 and taint ``timeAdded``, ResourceClaim status only through ``/status``, its ``status.devices`` entries of
-deallocated devices dropped), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
+deallocated devices dropped), times the real server cannot read (400 for a body, 422 naming ``patch`` for a
+merge patch, 500 for a server-side apply), validation (422: ResourceSlices and events.k8s.io/v1 Events in full, a
 ResourceClaim's ``status.devices`` and allocation results' shareIDs on status writes, other kinds their names),
-optimistic concurrency (409), no-op updates that neither bump the resourceVersion nor notify watchers, and
-server-side apply of a claim's ``status.devices``. A DeviceClass's extendedResourceName is checked
-(simulator/apiserver/deviceclasses.py). Stored objects are never mutated once committed, so they can be shared
-with watchers and serialised without copying.
+the authorization of the drivers whose ``status.devices`` entries a write changes (422, before the validation's
+errors; simulator/apiserver/authorization.py), optimistic concurrency (409), no-op updates that neither bump the
+resourceVersion nor notify watchers, and server-side apply of a claim's ``status.devices``. A DeviceClass's
+extendedResourceName is checked (simulator/apiserver/deviceclasses.py). Stored objects are never mutated once
+committed, so they can be shared with watchers and serialised without copying.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from agent.claims.status_rules import claim_status_errors
 from agent.events.rules import validate_event, validate_event_update
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
 from simulator.apiserver.apply import apply_status_devices, claim_status_written
+from simulator.apiserver.authorization import ANYONE, Caller, device_status_forbidden
 from simulator.apiserver.deviceclasses import drop_disabled_class_fields, validate_device_class
 from simulator.apiserver.objects import (
     Key,
     allocation_errors,
-    decode_micro_times,
     default_taint_times,
     drop_disabled_fields,
     json_copy,
@@ -37,6 +39,7 @@ from simulator.apiserver.objects import (
     name_errors,
     now,
     object_key,
+    refuse_unreadable,
     with_version,
     without_type,
 )
@@ -66,9 +69,11 @@ _SYSTEM_FIELDS = ("uid", "creationTimestamp", "generation", "deletionTimestamp",
 class Store:
     """All objects of all served types under one resourceVersion counter, with a bounded change history."""
 
-    def __init__(self, history_size: int = 10_000, disabled_gates: Iterable[str] = ()) -> None:
+    def __init__(self, history_size: int = 10_000, disabled_gates: Iterable[str] = (), caller: Caller = ANYONE
+                 ) -> None:
         self._objects: dict[ResourceType, dict[Key, JsonObject]] = {rt: {} for rt in RESOURCES}
         self.disabled_gates = set(disabled_gates)  # feature gates off: their ResourceSlice fields are dropped
+        self.caller = caller  # who writes: what the authorization of claim status writes decides on
         self._rv = 1
         self._history: deque[Change] = deque()
         self._history_size = history_size
@@ -164,7 +169,7 @@ class Store:
             default_taint_times(obj)
             errors = validate_resource_slice(obj)
         elif rt is EVENTS_V1:
-            decode_micro_times(obj)
+            refuse_unreadable(rt, obj)
             errors = validate_event(obj)
         else:
             errors = name_errors(meta)
@@ -185,16 +190,18 @@ class Store:
 
     def update(
         self, rt: ResourceType, namespace: str, name: str, body: Any, *, status: bool = False, dry_run: bool = False,
-        managed_fields: Sequence[JsonObject] | None = None,
+        managed_fields: Sequence[JsonObject] | None = None, verb: str = "update",
     ) -> JsonObject:
         """PUT (or ``/status`` PUT): optimistic concurrency on ``metadata.resourceVersion`` when it is set.
         ``managed_fields``: the object's managedFields after a server-side apply (else they are kept, less the
-        ``status.devices`` entries the write removed)."""
+        ``status.devices`` entries the write removed); ``verb``: the request's, as authorization sees it (a patch
+        or an apply is stored as an update)."""
         obj = self._accept(rt, namespace, body)
         meta = obj["metadata"]
         if meta.get("name") != name:
             raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
                            f"URL ({name})")  # fmt: skip
+        refuse_unreadable(rt, obj)
         old = self.get(rt, namespace if rt.namespaced else "", name)
         old_meta = old["metadata"]
         if meta.get("uid") and meta["uid"] != old_meta["uid"]:
@@ -231,9 +238,10 @@ class Store:
         elif rt is RESOURCE_CLAIMS and obj.get("spec") != old.get("spec"):
             errors = ["spec: field is immutable"]
         elif rt is RESOURCE_CLAIMS and status:
-            errors = allocation_errors(obj) + claim_status_errors(obj.get("status") or {})
+            new_status, old_status = obj.get("status") or {}, old.get("status") or {}
+            errors = device_status_forbidden(self.caller, verb, namespace, new_status, old_status)
+            errors += allocation_errors(obj) + claim_status_errors(new_status)
         elif rt is EVENTS_V1:
-            decode_micro_times(obj)
             errors = validate_event_update(old, obj)
         elif rt is DEVICE_CLASSES:
             errors = validate_device_class(obj)
@@ -251,7 +259,9 @@ class Store:
         if not isinstance(patch, dict):
             raise ApiError(400, "the patch must be a JSON object")
         old = self.get(rt, namespace if rt.namespaced else "", name)
-        return self.update(rt, namespace, name, json_copy(merge_patch(old, patch)), status=status, dry_run=dry_run)
+        patched = json_copy(merge_patch(old, patch))
+        refuse_unreadable(rt, patched, "patch")
+        return self.update(rt, namespace, name, patched, status=status, dry_run=dry_run, verb="patch")
 
     def apply_status(
         self, rt: ResourceType, namespace: str, name: str, body: Any, manager: str, *, force: bool = False,
@@ -270,9 +280,10 @@ class Store:
             raise ApiError(400, f"the name of the object ({meta.get('name') or ''}) does not match the name on the "
                            f"URL ({name})")  # fmt: skip
         status, managed = apply_status_devices(old, applied, manager, force=force, time=now())
+        refuse_unreadable(rt, {"status": status}, "apply", f"{namespace}/{name}")
         preconditions = {k: meta[k] for k in ("name", "uid", "resourceVersion") if meta.get(k)}
         return self.update(rt, namespace, name, {"metadata": preconditions, "status": status}, status=True,
-                           dry_run=dry_run, managed_fields=managed)
+                           dry_run=dry_run, managed_fields=managed, verb="patch")
 
     def delete(
         self, rt: ResourceType, namespace: str, name: str, options: Any = None, *, dry_run: bool = False
@@ -394,5 +405,4 @@ class Store:
         """Forget the change history, as etcd compaction does: older resourceVersions now give 410."""
         self._compacted = self._rv
         self._history.clear()
-
 
