@@ -672,3 +672,30 @@ POOL_CASES: dict[str, tuple[list[Obj], set[str], str]] = {
         "has no counter",
     ),
 }
+
+
+# --- refused before validation -------------------------------------------------------------------
+
+DECODING = "cannot be handled as a ResourceSlice"
+REFUSED_BEFORE_VALIDATION: dict[str, str] = {
+    # The server cannot read these into a ResourceSlice (400 Bad Request): wrong JSON types, a quantity or time
+    # it cannot parse, a field it does not know (kubectl asks for strict field validation). Its message then
+    # names no field path the way validation does.
+    "S4 generation not an integer": DECODING,
+    "T4 taint timeAdded not RFC 3339": DECODING,
+    "T4 taint timeAdded out of range": DECODING,
+    "C2 counter value not a quantity": DECODING,
+    "C1 counter value not a quantity": DECODING,
+    "V1 attribute with unknown value type": DECODING,
+    "V2 int beyond int64": DECODING,
+    "V2 int given as bool": DECODING,
+    "V2 bool given as string": DECODING,
+    "V6 capacity value not a quantity": DECODING,
+    # Not a ResourceSlice of a served version: kubectl finds no such resource, or sends it as the other kind.
+    "apiVersion beta": 'no matches for kind "ResourceSlice" in version "resource.k8s.io/v1beta2"',
+    "kind wrong": "cannot be handled as a ResourceClaim",
+    # A replace names the object by its name: another name is another object, which does not exist.
+    "name changed": "not found",
+}
+"""Cases the real server refuses before it validates the object, with a part of its message; every other refused
+case is refused as invalid, at the fields the case names."""

@@ -1,0 +1,167 @@
+"""The project's ResourceSlice rules (agent/slices/rules.py: the agent checks every slice it publishes with them, and
+the test API server validates with them) against kube-apiserver itself. Every case of tests/slice_cases.py goes to
+the real server as a dry run: the server must refuse exactly the objects the rules refuse, and name exactly the
+fields the rules name."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
+from cluster.kubectl import KubectlError
+from tests.real_cluster.cluster_env import RealCluster
+from tests.slice_cases import (
+    COUNTER_CASES,
+    REFUSED_BEFORE_VALIDATION,
+    SLICE_CASES,
+    UPDATE_CASES,
+    VALID_CASES,
+    Mutation,
+    Obj,
+    baseline,
+    counters_baseline,
+    paths,
+)
+
+pytestmark = pytest.mark.xdist_group("real-cluster")
+
+# How a field.Error begins after its path (k8s.io/apimachinery, field.ErrorType.String()).
+_ERROR_TYPES = ("Invalid value", "Required value", "Duplicate value", "Unsupported value", "Forbidden", "Too long",
+                "Too many", "Too few", "Too short", "Not found", "Internal error")
+# A field path: names joined by dots, list indices and map keys in brackets (keys are printed as they are).
+_CAUSE = re.compile(r"((?:[A-Za-z_<][\w<>]*)(?:\.[A-Za-z_]\w*|\[[^\]]*\])*): (?:" + "|".join(_ERROR_TYPES) + ")")
+_INVALID = re.compile(r'The ResourceSlice "[^"]*" is invalid: ?(.*)')
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the server said about one object: accepted, refused as invalid (with the fields it named), or refused
+    otherwise (the object could not be read, the kind is not served, ...), with kubectl's message."""
+
+    refused: bool
+    fields: frozenset[str] | None = None
+    message: str = ""
+
+
+def invalid_fields(message: str) -> frozenset[str] | None:
+    """The field paths of an "is invalid" refusal as kubectl prints it: one error on the same line, or several,
+    each on a line of its own after "* "; None for any other refusal."""
+    lines = message.strip().splitlines()
+    head = _INVALID.match(lines[0]) if lines else None
+    if head is None:
+        return None
+    causes = [head[1]] if head[1] else [line[2:] for line in lines[1:] if line.startswith("* ")]
+    fields = set()
+    for cause in causes:
+        match = _CAUSE.match(cause)
+        assert match, f"not a field error: {cause!r}"
+        fields.add(match[1])
+    assert fields, message
+    return frozenset(fields)
+
+
+def server_verdict(cluster: RealCluster, obj: Obj, verb: str = "create") -> Verdict:
+    try:
+        cluster.kubectl.run(verb, "--dry-run=server", "-f", "-", input=json.dumps(obj))
+    except KubectlError as e:
+        return Verdict(True, invalid_fields(e.stderr), e.stderr.strip())
+    return Verdict(False)
+
+
+def assert_same_verdict(name: str, ours: set[str], expected: set[str], server: Verdict) -> None:
+    """Ours and the table agree (the fast tier's claim), and the server agrees with both."""
+    assert ours == expected, f"the rules name {sorted(ours)}, the table {sorted(expected)}"
+    if name in REFUSED_BEFORE_VALIDATION:
+        assert server.refused and server.fields is None, server
+        assert REFUSED_BEFORE_VALIDATION[name] in server.message, server.message
+        assert expected, "a refused object needs an error from the rules too"
+    elif expected:
+        assert server.refused, f"the server accepted what the rules refuse at {sorted(expected)}"
+        assert server.fields is not None, server.message
+        assert set(server.fields) == expected, server.message
+    else:
+        assert not server.refused, server.message
+
+
+def _mutated(base: Obj, mutate: Mutation) -> Obj:
+    mutate(base)
+    return base
+
+
+def rows(table: dict[str, Any]) -> list[Any]:
+    """A table's cases as parameters, each with its name first."""
+    return [pytest.param(name, *(case if isinstance(case, tuple) else (case,)), id=name)
+            for name, case in table.items()]
+
+
+@pytest.mark.parametrize(("name", "mutate", "expected"), rows(SLICE_CASES))
+def test_the_server_refuses_each_slice_case_at_the_same_fields(real_cluster: RealCluster, name: str,
+                                                               mutate: Mutation, expected: set[str]) -> None:
+    obj = _mutated(baseline(), mutate)
+    assert_same_verdict(name, paths(validate_resource_slice(obj)), expected, server_verdict(real_cluster, obj))
+
+
+@pytest.mark.parametrize(("name", "mutate", "expected"), rows(COUNTER_CASES))
+def test_the_server_refuses_each_counter_case_at_the_same_fields(real_cluster: RealCluster, name: str,
+                                                                 mutate: Mutation, expected: set[str]) -> None:
+    obj = _mutated(counters_baseline(), mutate)
+    assert_same_verdict(name, paths(validate_resource_slice(obj)), expected, server_verdict(real_cluster, obj))
+
+
+@pytest.mark.parametrize(("name", "mutate"), rows(VALID_CASES))
+def test_the_server_accepts_each_valid_variant(real_cluster: RealCluster, name: str, mutate: Mutation) -> None:
+    obj = _mutated(baseline(), mutate)
+    assert_same_verdict(name, paths(validate_resource_slice(obj)), set(),
+                        server_verdict(real_cluster, obj))
+
+
+def unowned_baseline() -> Obj:
+    """The baseline without its owner: the garbage collector deletes a slice whose owner Node does not exist."""
+    obj = baseline()
+    del obj["metadata"]["ownerReferences"]
+    return obj
+
+
+@pytest.fixture(scope="module")
+def stored_baseline(real_cluster: RealCluster) -> Iterator[Obj]:
+    """The baseline stored for real, for the update cases to replace (as dry runs: it stays as it is)."""
+    obj = unowned_baseline()
+    real_cluster.kubectl.create(obj)
+    yield obj
+    real_cluster.kubectl.run("delete", "resourceslice", obj["metadata"]["name"], "--ignore-not-found")
+
+
+@pytest.mark.parametrize(("name", "mutate", "expected"), rows(UPDATE_CASES))
+def test_the_server_refuses_each_update_case_at_the_same_fields(real_cluster: RealCluster, stored_baseline: Obj,
+                                                                name: str, mutate: Mutation,
+                                                                expected: set[str]) -> None:
+    new = _mutated(unowned_baseline(), mutate)
+    ours = paths(validate_resource_slice_update(stored_baseline, new))
+    assert_same_verdict(name, ours, expected, server_verdict(real_cluster, new, "replace"))
+
+
+def test_the_server_accepts_an_update_of_devices_generation_and_node_selection(real_cluster: RealCluster,
+                                                                              stored_baseline: Obj) -> None:
+    new: dict[str, Any] = unowned_baseline()
+    new["spec"]["pool"]["generation"] = 2
+    new["spec"]["devices"] = [{"name": "gpu-7"}]
+    assert validate_resource_slice_update(stored_baseline, new) == []
+    assert server_verdict(real_cluster, new, "replace") == Verdict(False)
+
+
+@pytest.mark.parametrize(("message", "fields"), [
+    ('The ResourceSlice "x" is invalid: spec.driver: Required value', {"spec.driver"}),
+    ('The ResourceSlice "x" is invalid: \n* spec.devices[0].attributes[a, b: Invalid value]: Invalid value: "": '
+     'must specify one of: `int`\n* spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed\n',
+     {"spec.devices[0].attributes[a, b: Invalid value]", "spec"}),
+    ('Error from server (BadRequest): error when creating "STDIN": ResourceSlice in version "v1" cannot be handled '
+     'as a ResourceSlice: quantities must match the regular expression', None),
+])
+def test_kubectl_messages_are_read_field_by_field(message: str, fields: set[str] | None) -> None:
+    assert invalid_fields(message) == (None if fields is None else frozenset(fields))
