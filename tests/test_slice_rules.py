@@ -59,7 +59,7 @@ def test_error_format_matches_documented_example() -> None:
     obj = baseline()
     device(obj)["attributes"]["bad-key"] = {"string": "x"}
     assert validate_resource_slice(obj) == [
-        'spec.devices[0].attributes["bad-key"]: must be a C identifier of at most 32 characters, '
+        'spec.devices[0].attributes: key "bad-key" must be a C identifier of at most 32 characters, '
         "optionally prefixed by a DNS subdomain and '/'"
     ]
 
@@ -114,8 +114,8 @@ def test_malformed_types_are_reported_not_raised() -> None:
     device(obj)["attributes"] = {"x": "plain"}
     device(obj)["capacity"] = {"memory": {"value": {"nested": 1}}}
     assert paths(validate_resource_slice(obj)) == {
-        f'{DEV}.attributes["x"]',
-        f'{DEV}.capacity["memory"].value',
+        f"{DEV}.attributes[x]",
+        f"{DEV}.capacity[memory].value",
     }
 
 

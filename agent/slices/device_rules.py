@@ -55,6 +55,9 @@ MAX_CONSUMES_COUNTERS = 2
 MAX_STRING_ATTRIBUTE_BYTES = 64
 MAX_BINDING_CONDITIONS = 4
 MAX_VALID_VALUES = 10
+# Keys longer than these are cut in the middle in error paths: a domain, '/' and an identifier; a DNS label.
+MAX_KEY_LENGTH = 63 + 1 + 32
+MAX_COUNTER_NAME_LENGTH = 63
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
@@ -263,8 +266,8 @@ def check_counters(counters: Any, path: str, errs: Errors) -> None:
         errs.add(path, f"must have at most {MAX_COUNTERS} counters, got {len(counter_map)}")
     else:
         for key, counter in counter_map.items():
-            errs.check_key(is_dns_label(key), key_path(path, key), f"counter name {DNS_LABEL_MSG}")
-            as_quantity(lookup(counter, "value"), f"{key_path(path, key)}.value", errs)
+            errs.check_key(is_dns_label(key), path, key, f"(a counter name) {DNS_LABEL_MSG}")
+            as_quantity(lookup(counter, "value"), f"{key_path(path, key, MAX_COUNTER_NAME_LENGTH)}.value", errs)
 
 
 def _check_taint(taint: Any, path: str, errs: Errors) -> None:
@@ -313,7 +316,7 @@ def _check_consumes_counters(entries: Sequence[Any], path: str, errs: Errors) ->
         errs.check(is_dns_label(counter_set), f"{path}[{i}].counterSet", f"is required and {DNS_LABEL_MSG}",
                    counter_set)  # fmt: skip
         if any(lookup(other, "counterSet") == counter_set for other in entries[:i]):
-            errs.add(f"{path}[{i}].counterSet", f"duplicate counter set {show(counter_set)} in this device")
+            errs.add(f"{path}[{i}]", f"duplicate counter set {show(counter_set)} in this device")
         check_counters(lookup(as_map(entry, f"{path}[{i}]", errs), "counters"), f"{path}[{i}].counters", errs)
 
 
@@ -329,14 +332,12 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
     if (values := _attribute_value_count(attributes)) > MAX_ATTRIBUTE_VALUES:
         errs.add(path, f"has {values} attribute values, at most {MAX_ATTRIBUTE_VALUES} allowed")
     for key, attribute in attributes.items():
-        where = key_path(f"{path}.attributes", key)
-        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
-        _check_attribute(attribute, where, errs)
+        errs.check_key(is_qualified_name(key), f"{path}.attributes", key, QUALIFIED_MSG)
+        _check_attribute(attribute, key_path(f"{path}.attributes", key, MAX_KEY_LENGTH), errs)
     multi = dev.get("allowMultipleAllocations") is True
     for key, capacity in capacities.items():
-        where = key_path(f"{path}.capacity", key)
-        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
-        _check_capacity(capacity, where, multi, errs)
+        errs.check_key(is_qualified_name(key), f"{path}.capacity", key, QUALIFIED_MSG)
+        _check_capacity(capacity, key_path(f"{path}.capacity", key, MAX_KEY_LENGTH), multi, errs)
     taints = as_list(dev.get("taints"), f"{path}.taints", errs)
     if len(taints) > MAX_TAINTS:
         errs.add(f"{path}.taints", f"must have at most {MAX_TAINTS} entries, got {len(taints)}")

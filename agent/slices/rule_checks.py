@@ -1,8 +1,9 @@
 """Shared plumbing of the ResourceSlice rule modules: the error collector and tolerant field access.
 
 Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every error is a string
-``"<json path>: <message>"``. The helpers here build those paths, read fields without trusting their
-types, and report a field of the wrong type as an error instead of raising.
+``"<field path>: <message>"``, the path written as the API server writes it (``spec.devices[0].attributes[model]``:
+list indices and map keys in brackets, keys unquoted). The helpers here build those paths, read fields without
+trusting their types, and report a field of the wrong type as an error instead of raising.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ class Errors(list[str]):
         if not ok:
             self.add(path, f"{message}, got {show(value)}")
 
-    def check_key(self, ok: bool, path: str, message: str) -> None:
-        """Like check, for map keys: the offending key is already part of the path."""
+    def check_key(self, ok: bool, path: str, key: Any, message: str) -> None:
+        """Like check, for a key of the map at ``path``: the server names the map, not the entry, for a bad key."""
         if not ok:
-            self.add(path, message)
+            self.add(path, f"key {show(key)} {message}")
 
 
 def show(value: Any) -> str:
@@ -55,10 +56,15 @@ def show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def key_path(path: str, key: Any) -> str:
-    if isinstance(key, str) and key.isprintable() and '"' not in key and "\\" not in key:
-        return f'{path}["{key}"]'  # what json.dumps would give, without its cost on every attribute
-    return f"{path}[{json.dumps(key, ensure_ascii=False, default=str)}]"
+def key_path(path: str, key: Any, limit: int | None = None) -> str:
+    """The path of the entry ``key`` of the map at ``path``. A key of more than ``limit`` bytes is cut in the middle
+    to ``<start>...<end>`` of ``limit`` bytes, as the server cuts the keys of attributes, capacities and counters
+    (at least 16 bytes are kept; a cut inside a UTF-8 character leaves a replacement character, as there)."""
+    text = str(key)
+    if limit is not None and len(raw := text.encode()) > (limit := max(limit, 16)):
+        keep = limit - 3
+        text = (raw[: (keep + 1) // 2] + b"..." + raw[len(raw) - keep // 2 :]).decode(errors="replace")
+    return f"{path}[{text}]"
 
 
 def lookup(obj: Any, *keys: str) -> Any:

@@ -1,7 +1,8 @@
 """The API server's validation rules for ``resource.k8s.io/v1`` ResourceSlice objects.
 
 Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every error is a string
-``"<json path>: <message>"``. Rule ids refer to reference/resourceslice.md section 2.
+``"<field path>: <message>"``, the path as the API server names the field. Rule ids refer to
+reference/resourceslice.md section 2.
 
 Implemented here: M1, M2 (namespace, labels, annotation keys, ownerReferences), apiVersion and kind,
 S1-S14, C1, and the pool rules of 2.9 in :func:`validate_pool`; each device (D1-D11, Q1-Q5, V1-V6, C2,
@@ -69,11 +70,13 @@ def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
                    "by 5 random characters, is a DNS subdomain", prefix)  # fmt: skip
     if meta.get("namespace"):
         errs.add("metadata.namespace", "must not be set: ResourceSlice is cluster-scoped")
+    # The server names the map, not the entry, for a bad label or annotation.
     for key, value in as_map(meta.get("labels"), "metadata.labels", errs).items():
-        errs.check_key(is_label_key(key), key_path("metadata.labels", key), LABEL_KEY_MSG)
-        errs.check(is_label_value(value), key_path("metadata.labels", key), LABEL_VALUE_MSG, value)
+        errs.check_key(is_label_key(key), "metadata.labels", key, LABEL_KEY_MSG)
+        errs.check(is_label_value(value), "metadata.labels", f"the value of label {show(key)} {LABEL_VALUE_MSG}",
+                   value)  # fmt: skip
     for key in as_map(meta.get("annotations"), "metadata.annotations", errs):
-        errs.check_key(is_label_key(str(key).lower()), key_path("metadata.annotations", key), LABEL_KEY_MSG)
+        errs.check_key(is_label_key(str(key).lower()), "metadata.annotations", key, LABEL_KEY_MSG)
     refs = as_list(meta.get("ownerReferences"), "metadata.ownerReferences", errs)
     for i, ref in enumerate(refs):
         for field in ("apiVersion", "kind", "name", "uid"):
@@ -113,7 +116,8 @@ def _check_pool_fields(pool: Mapping[str, Any], errs: Errors) -> None:
 def _check_named_list(
     items: Sequence[Any], path: str, limit: int, why: str, errs: Errors, check: Callable[[Any, str], None]
 ) -> None:
-    """Size limit (checked first, as the server does), per-item checks and unique names."""
+    """Size limit (checked first, as the server does), per-item checks and unique names (a repeated name is
+    reported at the entry that repeats it, as the server does)."""
     if len(items) > limit:
         errs.add(path, f"must have at most {limit} entries{why}, got {len(items)}")
         return
@@ -123,7 +127,7 @@ def _check_named_list(
         name = lookup(item, "name")
         if isinstance(name, str):
             if name in seen:
-                errs.add(f"{path}[{i}].name", f"duplicate name {show(name)}: names must be unique in a slice")
+                errs.add(f"{path}[{i}]", f"duplicate name {show(name)}: names must be unique in a slice")
             seen.add(name)
 
 
