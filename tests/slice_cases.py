@@ -413,7 +413,19 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
         policy(default="1", validValues=["1", "41"]),
         {f"{CAP}.validValues[1]"},
     ),
-    "D11 default not among validValues": (policy(default="3", validValues=["1", "2"]), {f"{CAP}.default"}),
+    "D11 default not among validValues": (policy(default="3", validValues=["1", "2"]), {f"{CAP}.validValues"}),
+    "D11 validValues out of order and repeated": (
+        policy(default="1", validValues=["2", "1", "2"]),
+        {f"{CAP}.validValues[1]", f"{CAP}.validValues[2]"},
+    ),
+    "D11 validValues equal as integers (fractions are rounded up)": (
+        policy(default="2", validValues=["1500m", "2"]),
+        {f"{CAP}.validValues[1]"},
+    ),
+    "D11 11 unsorted validValues": (
+        policy(default="1", validValues=[str(i) for i in range(11, 0, -1)]),
+        {f"{CAP}.validValues", *(f"{CAP}.validValues[{i}]" for i in range(1, 11))},
+    ),
     "D11 11 validValues": (
         policy(default="1", validValues=[str(i) for i in range(1, 12)]),
         {f"{CAP}.validValues"},
@@ -432,6 +444,14 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
     "D11 default above max": (
         policy(default="8", validRange={"min": "1", "max": "4"}),
         {f"{CAP}.validRange.default"},
+    ),
+    "D11 negative min with a step": (
+        policy(default="1", validRange={"min": "-1", "step": "1"}),
+        {f"{CAP}.validRange.min"},
+    ),
+    "D11 step beyond 64-bit integers": (
+        policy(default="1", validRange={"min": "1", "step": "10E"}),
+        {f"{CAP}.validRange.step"},
     ),
     "D11 step zero": (policy(default="4", validRange={"min": "4", "step": "0"}), {f"{CAP}.validRange.step"}),
     "D11 one step beyond capacity": (
@@ -585,6 +605,9 @@ VALID_CASES: dict[str, Mutation] = {
     "request policy with validValues": policy(default="8", validValues=["4", "8", "40"]),
     "request policy with validRange": policy(default="8", validRange={"min": "4", "max": "40", "step": "2"}),
     "request policy with only a default": policy(default="8"),
+    "validRange with a fractional default, rounded up onto the grid": policy(
+        default="1500m", validRange={"min": "1", "step": "1"}
+    ),
 }
 
 

@@ -55,6 +55,7 @@ MAX_CONSUMES_COUNTERS = 2
 MAX_STRING_ATTRIBUTE_BYTES = 64
 MAX_BINDING_CONDITIONS = 4
 MAX_VALID_VALUES = 10
+_MAX_INT64 = 2**63 - 1
 # Keys longer than these are cut in the middle in error paths: a domain, '/' and an identifier; a DNS label.
 MAX_KEY_LENGTH = 63 + 1 + 32
 MAX_COUNTER_NAME_LENGTH = 63
@@ -182,26 +183,36 @@ def _attribute_value_count(attributes: Mapping[str, Any]) -> int:
 
 
 def _int_value(q: Fraction) -> int:
-    # Without fractional-range support the server reads each bound as an integer, rounding up.
+    # Without fractional-range support (DRAFractionalCapacityRange, off in 1.37) the server reads each amount
+    # as an integer, rounding away from zero.
     return int(math.copysign(math.ceil(abs(q)), q))
 
 
 def _check_valid_values(
     raw: Sequence[Any], cap: Fraction, default: Fraction, path: str, errs: Errors
 ) -> None:
-    if len(raw) > MAX_VALID_VALUES:
-        errs.add(f"{path}.validValues", f"must have at most {MAX_VALID_VALUES} entries, got {len(raw)}")
-        return
-    values = [as_quantity(v, f"{path}.validValues[{i}]", errs) for i, v in enumerate(raw)]
-    previous: Fraction | None = None
-    for i, value in enumerate(values):
-        if value is not None and value > cap:
-            errs.add(f"{path}.validValues[{i}]", f"must not exceed the capacity value, got {show(raw[i])}")
-        if value is not None and previous is not None and value <= previous:
-            errs.add(f"{path}.validValues[{i}]", "values must be unique and in ascending order")
-        previous = value if value is not None else previous
-    if default not in values:
-        errs.add(f"{path}.default", "must be one of validValues")
+    """The checks and their order are the server's: order first, then the size limit (which skips the rest but
+    the default's), then each value and repeats (amounts equal once rounded to integers repeat)."""
+    path = f"{path}.validValues"
+    values = [as_quantity(v, f"{path}[{i}]", errs) for i, v in enumerate(raw)]
+    for i in range(1, len(values)):
+        before, value = values[i - 1], values[i]
+        if before is not None and value is not None and before > value:
+            errs.add(f"{path}[{i}]", f"values must be in ascending order, got {show(raw[i])} after {show(raw[i - 1])}")
+    if len(values) > MAX_VALID_VALUES:
+        errs.add(path, f"must have at most {MAX_VALID_VALUES} entries, got {len(values)}")
+    else:
+        seen: set[int] = set()
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            if value > cap:
+                errs.add(f"{path}[{i}]", f"must not exceed the capacity value, got {show(raw[i])}")
+            if _int_value(value) in seen:
+                errs.add(f"{path}[{i}]", f"duplicate value {show(raw[i])}: values must be unique as integers")
+            seen.add(_int_value(value))
+    if len(values) > MAX_VALID_VALUES or default not in values:
+        errs.add(path, "must include the default")
 
 
 def _check_valid_range(
@@ -217,12 +228,16 @@ def _check_valid_range(
     if high is not None:
         problems += [(low > high, "max", "must be >= min"), (high > cap, "max", over_capacity)]
         problems.append((default > high, "default", "must be <= max"))
-    if step is not None:
-        problems.append((step <= 0, "step", "must be greater than zero"))
-    if step is not None and step > 0:
+    if step is not None and step <= 0:
+        problems.append((True, "step", "must be greater than zero"))
+    elif step is not None:
         problems.append((low + step > cap, "step", "min plus one step must not exceed the capacity value"))
+        # The server does the grid arithmetic on 64-bit integers, so it first requires every amount to be one.
+        amounts = {"default": default, "min": low, "max": high, "step": step}
+        outside = [name for name, q in amounts.items() if q is not None and not 0 <= q <= _MAX_INT64]
+        problems += [(True, name, "must be between 0 and 2^63-1 when step is set") for name in outside]
         for name, value in (("default", default), ("max", high)):
-            if value is not None:  # the remainder is zero for truncated and floored division alike
+            if value is not None and not outside:
                 off_grid = (_int_value(value) - _int_value(low)) % _int_value(step) != 0
                 problems.append((off_grid, "step", f"{name} minus min must be a multiple of step"))
     for failed, field, message in problems:
