@@ -148,12 +148,15 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
     "M1 no name nor generateName": (set_at("metadata.name", None), {"metadata.name"}),
     "M1 name not a DNS subdomain": (set_at("metadata.name", "Node_1"), {"metadata.name"}),
     "M1 name too long": (set_at("metadata.name", "a" * 254), {"metadata.name"}),
-    "M1 generateName invalid": (set_at("metadata.generateName", "Node_1-"), {"metadata.generateName"}),
+    "M1 generateName invalid beside a name": (set_at("metadata.generateName", "Node_1-"), {"metadata.generateName"}),
+    "M1 generateName invalid, so is the name made of it": (
+        set_at("metadata", {"generateName": "Node_1-"}),
+        {"metadata.generateName", "metadata.name"},
+    ),
     "M1 generateName cut at 58 ends the label with '-'": (
         set_at("metadata", {"generateName": "a" * 56 + ".-"}),
-        {"metadata.generateName"},
+        {"metadata.name"},
     ),
-    "M2 namespace set": (set_at("metadata.namespace", "default"), {"metadata.namespace"}),
     "M2 bad label key": (set_at("metadata.labels", {"bad key": "x"}), {"metadata.labels"}),
     "M2 bad label value": (set_at("metadata.labels", {"k": "-x"}), {"metadata.labels"}),
     "M2 bad annotation key": (
@@ -552,6 +555,10 @@ COUNTER_CASES: dict[str, tuple[Mutation, set[str]]] = {
 
 VALID_CASES: dict[str, Mutation] = {
     "generateName instead of name": set_at("metadata", {"generateName": "00000-gpu.example.com-node-1-"}),
+    "generateName beside a name, checked with its '-' and the character before it replaced": set_at(
+        "metadata.generateName", "a-.-"
+    ),
+    "namespace (cleared by the server: the kind is cluster-scoped)": set_at("metadata.namespace", "default"),
     "generateName longer than 58 characters": set_at("metadata", {"generateName": "a" * 58 + "." + "b" * 41}),
     "driver with upper case (only a warning)": set_at("spec.driver", "GPU.Example.com"),
     "pool name with slashes": set_at("spec.pool.name", "rack-1/node-1"),

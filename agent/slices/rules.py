@@ -4,7 +4,7 @@ Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every erro
 ``"<field path>: <message>"``, the path as the API server names the field. Rule ids refer to
 reference/resourceslice.md section 2.
 
-Implemented here: M1, M2 (namespace, labels, annotation keys, ownerReferences), apiVersion and kind,
+Implemented here: M1, M2 (labels, annotation keys, ownerReferences), apiVersion and kind,
 S1-S14, C1, and the pool rules of 2.9 in :func:`validate_pool`; each device (D1-D11, Q1-Q5, V1-V6, C2,
 T1-T4) and node selection are checked by :mod:`agent.slices.device_rules`. Not implemented: S15 and S16 (fields
 that exist only on the 1.37 development branch), and the server's ratcheting on update, which skips
@@ -55,21 +55,20 @@ MAX_POOL_NAME_LENGTH = 253
 
 
 def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
-    """M1, M2."""
+    """M1, M2. A namespace is no error: the server clears it, as for any cluster-scoped kind."""
     name, prefix = meta.get("name"), meta.get("generateName")
+    if prefix:
+        # As a prefix: the server replaces a trailing '-' and the character before it by 'a' before checking.
+        masked = prefix[:-2] + "a" if isinstance(prefix, str) and len(prefix) > 1 and prefix.endswith("-") else prefix
+        errs.check(is_dns_subdomain(masked), "metadata.generateName", "must be the start of a DNS subdomain", prefix)
     if name:
         errs.check(is_dns_subdomain(name), "metadata.name", SUBDOMAIN_MSG, name)
-    elif not prefix:
+    elif prefix:
+        # The server makes the name of the prefix's first 58 characters and 5 random ones, and checks that.
+        made = str(prefix)[:58] + "xxxxx"
+        errs.check(is_dns_subdomain(made), "metadata.name", f"made from generateName, {SUBDOMAIN_MSG}", made)
+    else:
         errs.add("metadata.name", "name or generateName is required")
-    if prefix:
-        # The prefix itself may end in '-'; the server then keeps 58 of its characters and
-        # appends 5 random ones, and that name must be valid too.
-        masked = prefix[:-1] + "a" if isinstance(prefix, str) and prefix.endswith("-") else prefix
-        ok = is_dns_subdomain(masked) and (bool(name) or is_dns_subdomain(prefix[:58] + "xxxxx"))
-        errs.check(ok, "metadata.generateName", "must be a prefix that, cut to 58 characters and followed "
-                   "by 5 random characters, is a DNS subdomain", prefix)  # fmt: skip
-    if meta.get("namespace"):
-        errs.add("metadata.namespace", "must not be set: ResourceSlice is cluster-scoped")
     # The server names the map, not the entry, for a bad label or annotation.
     for key, value in as_map(meta.get("labels"), "metadata.labels", errs).items():
         errs.check_key(is_label_key(key), "metadata.labels", key, LABEL_KEY_MSG)
