@@ -143,6 +143,16 @@ def per_device(*entries: Obj) -> Mutation:
     return mutate
 
 
+def shared_counters(*sets: Obj) -> Mutation:
+    """Mutation that turns the slice into a counter slice holding ``sets``."""
+
+    def mutate(obj: Obj) -> None:
+        del obj["spec"]["devices"]
+        obj["spec"]["sharedCounters"] = [copy.deepcopy(s) for s in sets]
+
+    return mutate
+
+
 SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
     # metadata, apiVersion, kind
     "M1 no name nor generateName": (set_at("metadata.name", None), {"metadata.name"}),
@@ -174,7 +184,10 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
     ),
     "apiVersion beta": (set_at("apiVersion", "resource.k8s.io/v1beta2"), {"apiVersion"}),
     "kind wrong": (set_at("kind", "ResourceClaim"), {"kind"}),
-    "spec missing": (set_at("spec", None), {"spec"}),
+    "spec missing, so empty: no driver, pool name, count or node selection": (
+        set_at("spec", None),
+        {"spec.driver", "spec.pool.name", "spec.pool.resourceSliceCount", "spec"},
+    ),
     # S1-S4
     "S1 driver missing": (set_at("spec.driver", None), {"spec.driver"}),
     "S1 driver not a subdomain": (set_at("spec.driver", "gpu_example.com"), {"spec.driver"}),
@@ -506,10 +519,6 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
         set_at("spec.devices.0.capacity.memory.value", "40GB"),
         {f"{DEV}.capacity[memory].value"},
     ),
-    "V6 capacity value missing": (
-        set_at("spec.devices.0.capacity.memory", {}),
-        {f"{DEV}.capacity[memory].value"},
-    ),
 }
 
 
@@ -592,6 +601,9 @@ VALID_CASES: dict[str, Mutation] = {
     "list attributes": attr("x", {"strings": ["a", "b"]}),
     "qualified key with a 63-character domain": attr("a" * 59 + ".com/" + "b" * 32, {"int": 1}),
     "upper-case domain in key": attr("Example.COM/x", {"int": 1}),
+    "capacity value missing (zero to the server)": set_at("spec.devices.0.capacity.memory", {}),
+    "counter value missing (zero to the server)": shared_counters({"name": "s", "counters": {"c": {}}}),
+    "generation missing (zero to the server)": set_at("spec.pool.generation", None),
     "negative capacity": set_at("spec.devices.0.capacity.memory.value", "-1"),
     "capacity with surrounding spaces": set_at("spec.devices.0.capacity.memory.value", " 40Gi "),
     "16 taints": set_at("spec.devices.0.taints", [dict(TAINT, value=str(i)) for i in range(16)]),

@@ -245,10 +245,15 @@ def _check_valid_range(
             errs.add(f"{path}.{field}", message)
 
 
+def _quantity_or_zero(value: Any, path: str, errs: Errors) -> Fraction | None:
+    """A capacity's or counter's value: absent, it is zero to the server (a quantity, not a pointer, in Go)."""
+    return Fraction(0) if value is None else as_quantity(value, path, errs)
+
+
 def _check_capacity(capacity: Any, path: str, multi: bool, errs: Errors) -> None:
     """V6, D10, D11."""
     cap_map = as_map(capacity, path, errs)
-    value = as_quantity(cap_map.get("value"), f"{path}.value", errs)
+    value = _quantity_or_zero(cap_map.get("value"), f"{path}.value", errs)
     if cap_map.get("requestPolicy") is None:
         return
     path = f"{path}.requestPolicy"
@@ -282,7 +287,8 @@ def check_counters(counters: Any, path: str, errs: Errors) -> None:
     else:
         for key, counter in counter_map.items():
             errs.check_key(is_dns_label(key), path, key, f"(a counter name) {DNS_LABEL_MSG}")
-            as_quantity(lookup(counter, "value"), f"{key_path(path, key, MAX_COUNTER_NAME_LENGTH)}.value", errs)
+            where = key_path(path, key, MAX_COUNTER_NAME_LENGTH)
+            _quantity_or_zero(as_map(counter, where, errs).get("value"), f"{where}.value", errs)
 
 
 def _check_taint(taint: Any, path: str, errs: Errors) -> None:

@@ -107,9 +107,11 @@ def _check_pool_fields(pool: Mapping[str, Any], errs: Errors) -> None:
             errs.add("spec.pool.name", f"must be at most {MAX_POOL_NAME_LENGTH} characters, got {len(name)}")
         ok = all(is_dns_subdomain(part) for part in name.split("/"))
         errs.check(ok, "spec.pool.name", "must be DNS subdomains separated by '/', with no empty part", name)
+    # Absent numbers are zero to the server, as in Go: a count of zero is refused, a generation of zero is fine.
+    count, generation = 0 if count is None else count, 0 if generation is None else generation
     count_ok, generation_ok = is_int64(count) and count > 0, is_int64(generation) and generation >= 0
     errs.check(count_ok, "spec.pool.resourceSliceCount", "is required and must be an integer > 0", count)
-    errs.check(generation_ok, "spec.pool.generation", "is required and must be an integer >= 0", generation)
+    errs.check(generation_ok, "spec.pool.generation", "must be an integer >= 0", generation)
 
 
 def _check_named_list(
@@ -146,10 +148,7 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
     errs.check(api_version == API_VERSION, "apiVersion", f"must be {API_VERSION}", api_version)
     errs.check(kind == KIND, "kind", f"must be {KIND}", kind)
     _check_metadata(as_map(obj.get("metadata"), "metadata", errs), errs)
-    if obj.get("spec") is None:
-        errs.add("spec", "is required")
-        return errs
-    spec = as_map(obj["spec"], "spec", errs)
+    spec = as_map(obj.get("spec"), "spec", errs)  # absent, it is an empty spec to the server, checked as such
     driver = spec.get("driver")
     errs.check(is_driver_name(driver), "spec.driver", f"is required and {DRIVER_MSG}", driver)
     _check_pool_fields(as_map(spec.get("pool"), "spec.pool", errs), errs)
