@@ -284,7 +284,6 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
         {DEV},
     ),
     "D4 attribute key with '-'": (attr("bad-key", {"int": 1}), ATTRIBUTES),
-    "D4 attribute key with two slashes": (attr("a/b/c", {"int": 1}), ATTRIBUTES),
     "D4 attribute key with empty domain": (attr("/x", {"int": 1}), ATTRIBUTES),
     "D4 attribute key with empty id": (attr("x/", {"int": 1}), ATTRIBUTES),
     "D4 attribute id of 33 characters": (attr("a" * 33, {"int": 1}), ATTRIBUTES),
@@ -600,6 +599,9 @@ VALID_CASES: dict[str, Mutation] = {
     "version of 64 bytes": attr("x", {"version": "1.2.3-" + "a" * 58}),
     "list attributes": attr("x", {"strings": ["a", "b"]}),
     "qualified key with a 63-character domain": attr("a" * 59 + ".com/" + "b" * 32, {"int": 1}),
+    "keys with two slashes (1.37 checks no key with more than one '/')": lambda o: device(o).update(
+        attributes={"a/b/c": {"int": 1}, "-/-/-": {"int": 2}}, capacity={"//": {"value": "1"}}
+    ),
     "upper-case domain in key": attr("Example.COM/x", {"int": 1}),
     "capacity value missing (zero to the server)": set_at("spec.devices.0.capacity.memory", {}),
     "counter value missing (zero to the server)": shared_counters({"name": "s", "counters": {"c": {}}}),

@@ -1,9 +1,10 @@
 """The API server's rules for one device of a ``resource.k8s.io/v1`` ResourceSlice, and for node selection.
 
-Rule ids refer to reference/resourceslice.md section 2. Implemented here: D1-D11, Q1-Q5 (attribute and
-capacity keys), V1-V6, the counters of C1 and C2, T1-T4, and the node selection of S5-S9 and D7, shared by
-a slice and, with perDeviceNodeSelection, by each of its devices. Not implemented: D12 (a field that exists
-only on the 1.37 development branch). The slice around the devices is checked in :mod:`agent.slices.rules`.
+Rule ids refer to reference/resourceslice.md section 2. Implemented here: D1-D11, Q1-Q4 (attribute and capacity
+keys; the 1.37 server does not enforce Q5), V1-V6, the counters of C1 and C2, T1-T4, and the node selection of
+S5-S9 and D7, shared by a slice and, with perDeviceNodeSelection, by each of its devices. Not implemented: D12 (a
+field that exists only on the 1.37 development branch). The slice around the devices is checked in
+:mod:`agent.slices.rules`.
 """
 
 from __future__ import annotations
@@ -341,6 +342,12 @@ def _check_consumes_counters(entries: Sequence[Any], path: str, errs: Errors) ->
         check_counters(lookup(as_map(entry, f"{path}[{i}]", errs), "counters"), f"{path}[{i}].counters", errs)
 
 
+def _is_key(key: Any) -> bool:
+    """An attribute or capacity key the server takes: a qualified name (Q1-Q4), or any key with more than one '/',
+    which 1.37 does not check at all (its validation leaves that case open, so Q5 is not enforced)."""
+    return (isinstance(key, str) and key.count("/") > 1) or is_qualified_name(key)
+
+
 def check_device(device: Any, path: str, per_device_node_selection: bool, errs: Errors) -> None:
     dev = as_map(device, path, errs)
     name = dev.get("name")
@@ -353,11 +360,11 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
     if (values := _attribute_value_count(attributes)) > MAX_ATTRIBUTE_VALUES:
         errs.add(path, f"has {values} attribute values, at most {MAX_ATTRIBUTE_VALUES} allowed")
     for key, attribute in attributes.items():
-        errs.check_key(is_qualified_name(key), f"{path}.attributes", key, QUALIFIED_MSG)
+        errs.check_key(_is_key(key), f"{path}.attributes", key, QUALIFIED_MSG)
         _check_attribute(attribute, key_path(f"{path}.attributes", key, MAX_KEY_LENGTH), errs)
     multi = dev.get("allowMultipleAllocations") is True
     for key, capacity in capacities.items():
-        errs.check_key(is_qualified_name(key), f"{path}.capacity", key, QUALIFIED_MSG)
+        errs.check_key(_is_key(key), f"{path}.capacity", key, QUALIFIED_MSG)
         _check_capacity(capacity, key_path(f"{path}.capacity", key, MAX_KEY_LENGTH), multi, errs)
     taints = as_list(dev.get("taints"), f"{path}.taints", errs)
     if len(taints) > MAX_TAINTS:
