@@ -1,10 +1,11 @@
 """The API server's rules for one device of a ``resource.k8s.io/v1`` ResourceSlice, and for node selection.
 
-Rule ids refer to reference/resourceslice.md section 2. Implemented here: D1-D11, Q1-Q4 (attribute and capacity
-keys; the 1.37 server does not enforce Q5), V1-V6, the counters of C1 and C2, T1-T4, and the node selection of
-S5-S9 and D7, shared by a slice and, with perDeviceNodeSelection, by each of its devices. Not implemented: D12 (a
-field that exists only on the 1.37 development branch). The slice around the devices is checked in
-:mod:`agent.slices.rules`.
+Rule ids refer to reference/resourceslice.md section 2. Implemented here: D1, D2, D4-D11, Q1-Q4 (attribute and
+capacity keys; the 1.37 server does not enforce Q5), V1-V4, V6, the counters of C1 and C2, T1-T4, and the node
+selection of S5-S9 and D7, shared by a slice and, with perDeviceNodeSelection, by each of its devices. D3 and V5
+are about list values, which a 1.37 server drops (DRAListTypeAttributes is off by default): such a value counts
+as none. Not implemented: D12 (a field that exists only on the 1.37 development branch). The slice around the
+devices is checked in :mod:`agent.slices.rules`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from agent.slices.rule_checks import Errors, as_list, as_map, as_quantity, is_in
 __all__ = [
     "LIST_FIELDS",
     "MAX_ATTRIBUTES_AND_CAPACITIES",
-    "MAX_ATTRIBUTE_VALUES",
     "MAX_BINDING_CONDITIONS",
     "MAX_CONSUMES_COUNTERS",
     "MAX_COUNTERS",
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
-MAX_ATTRIBUTE_VALUES = 48
 MAX_TAINTS = 16
 MAX_COUNTERS = 32
 MAX_CONSUMES_COUNTERS = 2
@@ -63,9 +62,10 @@ MAX_COUNTER_NAME_LENGTH = 63
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
-LIST_FIELDS = {"int": "ints", "bool": "bools", "string": "strings", "version": "versions"}
-_SCALAR_OF = {plural: scalar for scalar, plural in LIST_FIELDS.items()}
-_VALUE_FIELDS = frozenset(LIST_FIELDS) | frozenset(_SCALAR_OF)
+_VALUE_FIELDS = frozenset({"int", "bool", "string", "version"})
+# List values exist behind DRAListTypeAttributes, alpha and off by default in 1.37: the server drops them before
+# it validates (after reading them, so their JSON types must still be right).
+LIST_FIELDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
 
 
 # --- node selection ----------------------------------------------------------------------------
@@ -153,34 +153,25 @@ def _check_attribute_value(kind: str, value: Any, path: str, errs: Errors) -> No
 
 
 def _check_attribute(attribute: Any, path: str, errs: Errors) -> None:
-    """V1-V5."""
+    """V1-V4. List values (V5) are dropped by the server, so they count as no value and are not checked further."""
     attr = as_map(attribute, path, errs)
-    # Iterate the attribute's own keys (usually one) rather than all eight value fields: this runs for
-    # every attribute of every device published.
+    # Iterate the attribute's own keys (usually one) rather than every value field: this runs for every attribute
+    # of every device published.
     present = [f for f, v in attr.items() if v is not None and f in _VALUE_FIELDS]
+    lists = [f for f, v in attr.items() if v is not None and f in LIST_FIELDS]
     if len(present) != 1:
-        errs.add(path, "exactly one value must be specified: int, bool, string, version (or a list: ints, "
-                 f"bools, strings, versions), got {', '.join(present) or 'none'}")  # fmt: skip
+        dropped = (f" ({', '.join(lists)} dropped: list values need the DRAListTypeAttributes feature gate, off "
+                   "by default)") if lists else ""  # fmt: skip
+        errs.add(path, "exactly one value must be specified: int, bool, string or version, got "
+                 f"{', '.join(present) or 'none'}{dropped}")  # fmt: skip
     for field in present:
-        scalar = _SCALAR_OF.get(field)
-        if scalar is None:
-            _check_attribute_value(field, attr[field], f"{path}.{field}", errs)
-            continue
-        items = as_list(attr[field], f"{path}.{field}", errs)
-        if not items:
-            errs.add(f"{path}.{field}", "must not be empty when set")
-        for i, item in enumerate(items):
-            _check_attribute_value(scalar, item, f"{path}.{field}[{i}]", errs)
-
-
-def _attribute_value_count(attributes: Mapping[str, Any]) -> int:
-    """D3: a scalar counts once, a list counts its length."""
-    total = 0
-    for attr in attributes.values():
-        items = attr.items() if isinstance(attr, Mapping) else ()
-        sizes = [len(v) for f, v in items if f in _SCALAR_OF and isinstance(v, list | tuple)]
-        total += sum(sizes) if any(sizes) else 1
-    return total
+        _check_attribute_value(field, attr[field], f"{path}.{field}", errs)
+    for field in lists:
+        kind = LIST_FIELDS[field]
+        for i, item in enumerate(as_list(attr[field], f"{path}.{field}", errs)):
+            if not (is_int64(item) if kind == "int" else isinstance(item, bool if kind == "bool" else str)):
+                errs.add(f"{path}.{field}[{i}]", f"must be a {'64-bit integer' if kind == 'int' else kind}, "
+                         f"got {show(item)}")  # fmt: skip
 
 
 def _int_value(q: Fraction) -> int:
@@ -357,8 +348,6 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
     if (count := len(attributes) + len(capacities)) > MAX_ATTRIBUTES_AND_CAPACITIES:
         limit = MAX_ATTRIBUTES_AND_CAPACITIES
         errs.add(path, f"has {count} attributes and capacities together, at most {limit} are allowed")
-    if (values := _attribute_value_count(attributes)) > MAX_ATTRIBUTE_VALUES:
-        errs.add(path, f"has {values} attribute values, at most {MAX_ATTRIBUTE_VALUES} allowed")
     for key, attribute in attributes.items():
         errs.check_key(_is_key(key), f"{path}.attributes", key, QUALIFIED_MSG)
         _check_attribute(attribute, key_path(f"{path}.attributes", key, MAX_KEY_LENGTH), errs)
@@ -383,7 +372,7 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
 def validate_device(
     device: Mapping[str, Any], *, per_device_node_selection: bool = False, path: str = "device"
 ) -> list[str]:
-    """Errors for one entry of ``spec.devices`` (D1-D11, V1-V6, C2, T1-T4); paths start at ``path``."""
+    """Errors for one entry of ``spec.devices`` (D1-D11, V1-V6, C2, T1-T4 as above); paths start at ``path``."""
     errs = Errors()
     check_device(device, path, per_device_node_selection, errs)
     return errs

@@ -5,10 +5,11 @@ Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every erro
 reference/resourceslice.md section 2.
 
 Implemented here: M1, M2 (labels, annotation keys, ownerReferences), apiVersion and kind,
-S1-S14, C1, and the pool rules of 2.9 in :func:`validate_pool`; each device (D1-D11, Q1-Q5, V1-V6, C2,
-T1-T4) and node selection are checked by :mod:`agent.slices.device_rules`. Not implemented: S15 and S16 (fields
-that exist only on the 1.37 development branch), and the server's ratcheting on update, which skips
-re-validating unchanged taints and capacities; here every field of the new object is checked.
+S1-S14, C1, and the pool rules of 2.9 in :func:`validate_pool`; each device and node selection are checked by
+:mod:`agent.slices.device_rules`. The rules are those of a 1.37 server with its default feature gates. Not
+implemented: S15 and S16 (fields whose feature gates are off by default: the server drops them), and the
+server's ratcheting on update, which skips re-validating unchanged taints and capacities; here every field of
+the new object is checked.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from agent.kube.names import (
     is_label_key,
     is_label_value,
 )
-from agent.slices.device_rules import LIST_FIELDS, check_counters, check_device, check_node_selection
+from agent.slices.device_rules import check_counters, check_device, check_node_selection
 from agent.slices.rule_checks import Errors, as_list, as_map, is_int64, key_path, lookup, show
 
 __all__ = [
@@ -90,11 +91,8 @@ def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
 
 
 def _lowers_device_limit(device: Any) -> bool:
-    attributes = lookup(device, "attributes")
-    lists = isinstance(attributes, Mapping) and any(
-        lookup(attr, f) is not None for attr in attributes.values() for f in LIST_FIELDS.values()
-    )
-    return bool(lookup(device, "taints")) or bool(lookup(device, "consumesCounters")) or lists
+    # List attribute values would lower it too, but a 1.37 server drops them before it counts.
+    return bool(lookup(device, "taints")) or bool(lookup(device, "consumesCounters"))
 
 
 def _check_pool_fields(pool: Mapping[str, Any], errs: Errors) -> None:
@@ -159,7 +157,7 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
     devices = as_list(spec.get("devices"), "spec.devices", errs)
     per_device = spec.get("perDeviceNodeSelection") is True
     if any(_lowers_device_limit(d) for d in devices):
-        limit, why = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS, " (a device has taints, counters or lists)"
+        limit, why = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS, " (a device has taints or consumes counters)"
     else:
         limit, why = MAX_DEVICES_PER_SLICE, ""
     _check_named_list(devices, "spec.devices", limit, why, errs,

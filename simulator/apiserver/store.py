@@ -27,6 +27,7 @@ from agent.slices.rules import validate_resource_slice, validate_resource_slice_
 from simulator.apiserver.apply import apply_status_devices, claim_status_written
 from simulator.apiserver.deviceclasses import drop_disabled_class_fields, validate_device_class
 from simulator.apiserver.objects import (
+    OFF_BY_DEFAULT,
     Key,
     allocation_errors,
     decode_micro_times,
@@ -68,7 +69,8 @@ class Store:
 
     def __init__(self, history_size: int = 10_000, disabled_gates: Iterable[str] = ()) -> None:
         self._objects: dict[ResourceType, dict[Key, JsonObject]] = {rt: {} for rt in RESOURCES}
-        self.disabled_gates = set(disabled_gates)  # feature gates off: their ResourceSlice fields are dropped
+        # Feature gates off, those given and 1.37's alpha ones: their ResourceSlice fields are dropped.
+        self.disabled_gates = set(disabled_gates) | OFF_BY_DEFAULT
         self._rv = 1
         self._history: deque[Change] = deque()
         self._history_size = history_size
