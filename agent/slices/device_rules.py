@@ -152,8 +152,11 @@ def _check_attribute_value(kind: str, value: Any, path: str, errs: Errors) -> No
             errs.add(path, f"must be at most {MAX_STRING_ATTRIBUTE_BYTES} bytes of UTF-8, got {size} bytes")
 
 
-def _check_attribute(attribute: Any, path: str, errs: Errors) -> None:
-    """V1-V4. List values (V5) are dropped by the server, so they count as no value and are not checked further."""
+def _check_attribute(attribute: Any, path: str, errs: Errors, full_path: str) -> None:
+    """V1-V4. List values (V5) are dropped by the server, so they count as no value and are not checked further.
+
+    ``path`` has the key cut as the server cuts long keys; ``full_path`` has it whole. For a long key the server
+    reports a missing or second value twice, at both: once from each of its two checks of that rule."""
     attr = as_map(attribute, path, errs)
     # Iterate the attribute's own keys (usually one) rather than every value field: this runs for every attribute
     # of every device published.
@@ -162,8 +165,9 @@ def _check_attribute(attribute: Any, path: str, errs: Errors) -> None:
     if len(present) != 1:
         dropped = (f" ({', '.join(lists)} dropped: list values need the DRAListTypeAttributes feature gate, off "
                    "by default)") if lists else ""  # fmt: skip
-        errs.add(path, "exactly one value must be specified: int, bool, string or version, got "
-                 f"{', '.join(present) or 'none'}{dropped}")  # fmt: skip
+        got = ", ".join(present) or "none"
+        for where in dict.fromkeys((path, full_path)):
+            errs.add(where, f"exactly one value must be specified: int, bool, string or version, got {got}{dropped}")
     for field in present:
         _check_attribute_value(field, attr[field], f"{path}.{field}", errs)
     for field in lists:
@@ -350,7 +354,8 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
         errs.add(path, f"has {count} attributes and capacities together, at most {limit} are allowed")
     for key, attribute in attributes.items():
         errs.check_key(_is_key(key), f"{path}.attributes", key, QUALIFIED_MSG)
-        _check_attribute(attribute, key_path(f"{path}.attributes", key, MAX_KEY_LENGTH), errs)
+        where = f"{path}.attributes"
+        _check_attribute(attribute, key_path(where, key, MAX_KEY_LENGTH), errs, key_path(where, key))
     multi = dev.get("allowMultipleAllocations") is True
     for key, capacity in capacities.items():
         errs.check_key(_is_key(key), f"{path}.capacity", key, QUALIFIED_MSG)
