@@ -621,6 +621,11 @@ VALID_CASES: dict[str, Mutation] = {
     "upper-case domain in key": attr("Example.COM/x", {"int": 1}),
     "capacity value missing (zero to the server)": set_at("spec.devices.0.capacity.memory", {}),
     "counter value missing (zero to the server)": shared_counters({"name": "s", "counters": {"c": {}}}),
+    "null label value (empty to the server)": set_at("metadata.labels", {"k": None}),
+    "null node selector value (empty to the server)": selector(
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": [None]}]}
+    ),
+    "null entry of validValues (zero to the server)": policy(default="8", validValues=[None, "8"]),
     "generation missing (zero to the server)": set_at("spec.pool.generation", None),
     "negative capacity": set_at("spec.devices.0.capacity.memory.value", "-1"),
     "capacity with surrounding spaces": set_at("spec.devices.0.capacity.memory.value", " 40Gi "),

@@ -90,7 +90,7 @@ def _check_requirement(req: Any, path: str, errs: Errors, *, by_field: bool) -> 
         elif op in ("Gt", "Lt") and len(values) != 1:
             errs.add(f"{path}.values", f"must hold exactly one value when operator is {op}")
     for j, value in enumerate(values):
-        ok = is_node_name(value) if by_field else is_label_value(value)
+        ok = is_node_name(value) if by_field else value is None or is_label_value(value)  # null is "" to the server
         errs.check(ok, f"{path}.values[{j}]", NODE_NAME_MSG if by_field else LABEL_VALUE_MSG, value)
 
 
@@ -184,13 +184,19 @@ def _int_value(q: Fraction) -> int:
     return int(math.copysign(math.ceil(abs(q)), q))
 
 
+def _quantity_or_zero(value: Any, path: str, errs: Errors) -> Fraction | None:
+    """A capacity's or counter's value, or an entry of validValues: absent or null, it is zero to the server (a
+    quantity, not a pointer, in Go)."""
+    return Fraction(0) if value is None else as_quantity(value, path, errs)
+
+
 def _check_valid_values(
     raw: Sequence[Any], cap: Fraction, default: Fraction, path: str, errs: Errors
 ) -> None:
     """The checks and their order are the server's: order first, then the size limit (which skips the rest but
     the default's), then each value and repeats (amounts equal once rounded to integers repeat)."""
     path = f"{path}.validValues"
-    values = [as_quantity(v, f"{path}[{i}]", errs) for i, v in enumerate(raw)]
+    values = [_quantity_or_zero(v, f"{path}[{i}]", errs) for i, v in enumerate(raw)]
     for i in range(1, len(values)):
         before, value = values[i - 1], values[i]
         if before is not None and value is not None and before > value:
@@ -239,11 +245,6 @@ def _check_valid_range(
     for failed, field, message in problems:
         if failed:
             errs.add(f"{path}.{field}", message)
-
-
-def _quantity_or_zero(value: Any, path: str, errs: Errors) -> Fraction | None:
-    """A capacity's or counter's value: absent, it is zero to the server (a quantity, not a pointer, in Go)."""
-    return Fraction(0) if value is None else as_quantity(value, path, errs)
 
 
 def _check_capacity(capacity: Any, path: str, multi: bool, errs: Errors) -> None:

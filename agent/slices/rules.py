@@ -70,11 +70,11 @@ def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
         errs.check(is_dns_subdomain(made), "metadata.name", f"made from generateName, {SUBDOMAIN_MSG}", made)
     else:
         errs.add("metadata.name", "name or generateName is required")
-    # The server names the map, not the entry, for a bad label or annotation.
+    # The server names the map, not the entry, for a bad label or annotation. A null value is "" to it.
     for key, value in as_map(meta.get("labels"), "metadata.labels", errs).items():
         errs.check_key(is_label_key(key), "metadata.labels", key, LABEL_KEY_MSG)
-        errs.check(is_label_value(value), "metadata.labels", f"the value of label {show(key)} {LABEL_VALUE_MSG}",
-                   value)  # fmt: skip
+        errs.check(value is None or is_label_value(value), "metadata.labels",
+                   f"the value of label {show(key)} {LABEL_VALUE_MSG}", value)  # fmt: skip
     for key in as_map(meta.get("annotations"), "metadata.annotations", errs):
         errs.check_key(is_label_key(str(key).lower()), "metadata.annotations", key, LABEL_KEY_MSG)
     refs = as_list(meta.get("ownerReferences"), "metadata.ownerReferences", errs)
