@@ -484,6 +484,10 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
     "V1 attribute with unknown value type": (attr("x", {"float": 1.5}), {f"{DEV}.attributes[x]"}),
     "V2 int beyond int64": (attr("x", {"int": 2**63}), {f"{DEV}.attributes[x].int"}),
     "V2 int given as bool": (attr("x", {"int": True}), {f"{DEV}.attributes[x].int"}),
+    "allowMultipleAllocations given as a string": (
+        set_at("spec.devices.0.allowMultipleAllocations", "yes"),
+        {f"{DEV}.allowMultipleAllocations"},
+    ),
     "V2 bool given as string": (attr("x", {"bool": "yes"}), {f"{DEV}.attributes[x].bool"}),
     "V3 string of 65 bytes": (attr("x", {"string": "s" * 65}), {f"{DEV}.attributes[x].string"}),
     "V3 string of 33 characters, 65 bytes": (
@@ -760,6 +764,7 @@ REFUSED_BEFORE_VALIDATION: dict[str, str] = {
     "V2 int beyond int64": DECODING,
     "V2 int given as bool": DECODING,
     "V2 bool given as string": DECODING,
+    "allowMultipleAllocations given as a string": DECODING,
     "V6 capacity value not a quantity": DECODING,
     "V5 list of the wrong type, beside a scalar": DECODING,
     # Not a ResourceSlice of a served version: kubectl finds no such resource, or sends it as the other kind.

@@ -357,6 +357,8 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
         errs.check_key(_is_key(key), f"{path}.attributes", key, QUALIFIED_MSG)
         where = f"{path}.attributes"
         _check_attribute(attribute, key_path(where, key, MAX_KEY_LENGTH), errs, key_path(where, key))
+    for flag in ("allowMultipleAllocations", "bindsToNode"):
+        errs.check_flag(dev, flag, path)
     multi = dev.get("allowMultipleAllocations") is True
     for key, capacity in capacities.items():
         errs.check_key(_is_key(key), f"{path}.capacity", key, QUALIFIED_MSG)

@@ -45,6 +45,11 @@ class Errors(list[str]):
         if not ok:
             self.add(path, f"{message}, got {show(value)}")
 
+    def check_flag(self, obj: Mapping[str, Any], field: str, path: str) -> None:
+        """An optional boolean field: the server cannot read any other JSON type into it."""
+        if (value := obj.get(field)) is not None and not isinstance(value, bool):
+            self.add(f"{path}.{field}", f"must be true or false, got {show(value)}")
+
     def check_key(self, ok: bool, path: str, key: Any, message: str) -> None:
         """Like check, for a key of the map at ``path``: the server names the map, not the entry, for a bad key."""
         if not ok:

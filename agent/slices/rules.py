@@ -75,14 +75,18 @@ def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
         errs.check_key(is_label_key(key), "metadata.labels", key, LABEL_KEY_MSG)
         errs.check(value is None or is_label_value(value), "metadata.labels",
                    f"the value of label {show(key)} {LABEL_VALUE_MSG}", value)  # fmt: skip
-    for key in as_map(meta.get("annotations"), "metadata.annotations", errs):
+    for key, value in as_map(meta.get("annotations"), "metadata.annotations", errs).items():
         errs.check_key(is_label_key(str(key).lower()), "metadata.annotations", key, LABEL_KEY_MSG)
+        errs.check(value is None or isinstance(value, str), "metadata.annotations",
+                   f"the value of annotation {show(key)} must be a string", value)  # fmt: skip
     refs = as_list(meta.get("ownerReferences"), "metadata.ownerReferences", errs)
     for i, ref in enumerate(refs):
         for field in ("apiVersion", "kind", "name", "uid"):
             value = lookup(ref, field)
             errs.check(isinstance(value, str) and value != "", f"metadata.ownerReferences[{i}].{field}",
                        "is required and must be a non-empty string", value)  # fmt: skip
+        for flag in ("controller", "blockOwnerDeletion"):
+            errs.check_flag(as_map(ref, f"metadata.ownerReferences[{i}]", errs), flag, f"metadata.ownerReferences[{i}]")
     if sum(lookup(ref, "controller") is True for ref in refs) > 1:
         errs.add("metadata.ownerReferences", "at most one owner reference may set controller to true")
 
