@@ -753,14 +753,13 @@ POOL_CASES: dict[str, tuple[list[Obj], set[str], str]] = {
 DECODING = "cannot be handled as a ResourceSlice"
 REFUSED_BEFORE_VALIDATION: dict[str, str] = {
     # The server cannot read these into a ResourceSlice (400 Bad Request): wrong JSON types, a quantity or time
-    # it cannot parse, a field it does not know (kubectl asks for strict field validation). Its message then
-    # names no field path the way validation does.
+    # it cannot parse. Its message then names no field path the way validation does. (A field it does not know
+    # is dropped, with a warning, unless the client asks for strict field validation.)
     "S4 generation not an integer": DECODING,
     "T4 taint timeAdded not RFC 3339": DECODING,
     "T4 taint timeAdded out of range": DECODING,
     "C2 counter value not a quantity": DECODING,
     "C1 counter value not a quantity": DECODING,
-    "V1 attribute with unknown value type": DECODING,
     "V2 int beyond int64": DECODING,
     "V2 int given as bool": DECODING,
     "V2 bool given as string": DECODING,

@@ -13,7 +13,7 @@ import string
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.kube.names import (
@@ -48,6 +48,7 @@ from tests.slice_cases import (
     paths,
     pool_slice,
 )
+from tests.slice_strategies import built_slices, mutated_slices
 
 
 def test_baselines_are_valid() -> None:
@@ -279,3 +280,16 @@ def test_short_c_identifiers_are_qualified_names(s: str) -> None:
         assert is_qualified_name(f"example.com/{s}")
     elif "/" not in s:
         assert not is_qualified_name(s)
+
+
+@settings(max_examples=150, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(built_slices())
+def test_every_slice_the_builder_makes_passes_the_rules(obj: Obj) -> None:
+    assert validate_resource_slice(obj) == []
+
+
+@settings(max_examples=300, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_slices())
+def test_mutated_slices_get_errors_that_name_a_field(obj: Obj) -> None:
+    for path in paths(validate_resource_slice(obj)):
+        assert path and " " not in path.split("[", 1)[0], path

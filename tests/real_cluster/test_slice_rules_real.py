@@ -1,7 +1,11 @@
 """The project's ResourceSlice rules (agent/slices/rules.py: the agent checks every slice it publishes with them, and
 the test API server validates with them) against kube-apiserver itself. Every case of tests/slice_cases.py goes to
-the real server as a dry run: the server must refuse exactly the objects the rules refuse, and name exactly the
-fields the rules name."""
+the real server as a dry run, and so do slices the agent's builder makes of generated devices, mutated at random
+(tests/slice_strategies.py): the server must refuse exactly the objects the rules refuse, and name exactly the
+fields the rules name.
+
+kubectl asks for the server's default field validation, as the agent's own requests do: a field the server does
+not know is dropped with a warning, not refused (kubectl's own default would refuse it)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
 from cluster.kubectl import KubectlError
@@ -28,6 +33,7 @@ from tests.slice_cases import (
     counters_baseline,
     paths,
 )
+from tests.slice_strategies import mutated_slices
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 
@@ -51,8 +57,8 @@ class Verdict:
 
 def invalid_fields(message: str) -> frozenset[str] | None:
     """The field paths of an "is invalid" refusal as kubectl prints it: one error on the same line, or several,
-    each on a line of its own after "* "; None for any other refusal."""
-    lines = message.strip().splitlines()
+    each on a line of its own after "* " (after the server's warnings, if any); None for any other refusal."""
+    lines = [line for line in message.strip().splitlines() if not line.startswith("Warning: ")]
     head = _INVALID.match(lines[0]) if lines else None
     if head is None:
         return None
@@ -68,7 +74,7 @@ def invalid_fields(message: str) -> frozenset[str] | None:
 
 def server_verdict(cluster: RealCluster, obj: Obj, verb: str = "create") -> Verdict:
     try:
-        cluster.kubectl.run(verb, "--dry-run=server", "-f", "-", input=json.dumps(obj))
+        cluster.kubectl.run(verb, "--dry-run=server", "--validate=warn", "-f", "-", input=json.dumps(obj))
     except KubectlError as e:
         return Verdict(True, invalid_fields(e.stderr), e.stderr.strip())
     return Verdict(False)
@@ -155,8 +161,22 @@ def test_the_server_accepts_an_update_of_devices_generation_and_node_selection(r
     assert server_verdict(real_cluster, new, "replace") == Verdict(False)
 
 
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(obj=mutated_slices())
+def test_generated_slices_get_the_rules_verdict_from_the_server(real_cluster: RealCluster, obj: Obj) -> None:
+    ours = paths(validate_resource_slice(obj))
+    server = server_verdict(real_cluster, obj)
+    if server.refused and server.fields is None:  # refused before validation: no fields to compare
+        assert "already exists" not in server.message, "a generated name must not be one the cluster holds"
+        assert ours, server.message
+    else:
+        assert set(server.fields or ()) == ours, server.message or "accepted"
+
+
 @pytest.mark.parametrize(("message", "fields"), [
     ('The ResourceSlice "x" is invalid: spec.driver: Required value', {"spec.driver"}),
+    ('Warning: unknown field "spec.devices[0].attributes.x.float"\nThe ResourceSlice "x" is invalid: '
+     'spec.devices[0].attributes[x]: Invalid value: "": must specify one of: `int`', {"spec.devices[0].attributes[x]"}),
     ('The ResourceSlice "x" is invalid: \n* spec.devices[0].attributes[a, b: Invalid value]: Invalid value: "": '
      'must specify one of: `int`\n* spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed\n',
      {"spec.devices[0].attributes[a, b: Invalid value]", "spec"}),
