@@ -319,6 +319,14 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
         set_at("spec.devices.0.taints", [dict(TAINT, timeAdded="yesterday")]),
         {f"{DEV}.taints[0].timeAdded"},
     ),
+    "T4 taint timeAdded with lower-case t and z": (
+        set_at("spec.devices.0.taints", [dict(TAINT, timeAdded="2026-01-02t15:04:05z")]),
+        {f"{DEV}.taints[0].timeAdded"},
+    ),
+    "T4 taint timeAdded on 29 February of a common year": (
+        set_at("spec.devices.0.taints", [dict(TAINT, timeAdded="2025-02-29T15:04:05Z")]),
+        {f"{DEV}.taints[0].timeAdded"},
+    ),
     "T4 taint timeAdded out of range": (
         set_at("spec.devices.0.taints", [dict(TAINT, timeAdded="2026-13-01T00:00:00Z")]),
         {f"{DEV}.taints[0].timeAdded"},
@@ -488,6 +496,7 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
         set_at("spec.devices.0.allowMultipleAllocations", "yes"),
         {f"{DEV}.allowMultipleAllocations"},
     ),
+    "V2 int written as 1.5": (attr("x", {"int": 1.5}), {f"{DEV}.attributes[x].int"}),
     "V2 bool given as string": (attr("x", {"bool": "yes"}), {f"{DEV}.attributes[x].bool"}),
     "V3 string of 65 bytes": (attr("x", {"string": "s" * 65}), {f"{DEV}.attributes[x].string"}),
     "V3 string of 33 characters, 65 bytes": (
@@ -636,6 +645,14 @@ VALID_CASES: dict[str, Mutation] = {
     "16 taints": set_at("spec.devices.0.taints", [dict(TAINT, value=str(i)) for i in range(16)]),
     "taint effect None without value": set_at("spec.devices.0.taints", [{"key": "k", "effect": "None"}]),
     "same taint key with two effects": set_at("spec.devices.0.taints", [TAINT, dict(TAINT, effect="NoExecute")]),
+    "taint timeAdded with a ',' fraction and a +24:60 offset (Go reads both)": set_at(
+        "spec.devices.0.taints", [dict(TAINT, timeAdded="2024-02-29T15:04:05,5+24:60")]
+    ),
+    "taint timeAdded in year 0": set_at("spec.devices.0.taints", [dict(TAINT, timeAdded="0000-01-01T00:00:00Z")]),
+    "int attribute and generation written as integral floats (2.0, 1e3)": lambda o: (
+        o["spec"]["pool"].update(generation=2.0),
+        device(o)["attributes"].update(x={"int": 1e3}),
+    ),
     "taint timeAdded": set_at("spec.devices.0.taints", [dict(TAINT, timeAdded="2026-01-02T15:04:05Z")]),
     "consumesCounters without any counter set (not checked by the server)": set_at(
         "spec.devices.0.consumesCounters", [COUNTERS, dict(COUNTERS, counterSet="other")]
@@ -763,6 +780,9 @@ REFUSED_BEFORE_VALIDATION: dict[str, str] = {
     "V2 int beyond int64": DECODING,
     "V2 int given as bool": DECODING,
     "V2 bool given as string": DECODING,
+    "V2 int written as 1.5": DECODING,
+    "T4 taint timeAdded with lower-case t and z": DECODING,
+    "T4 taint timeAdded on 29 February of a common year": DECODING,
     "allowMultipleAllocations given as a string": DECODING,
     "V6 capacity value not a quantity": DECODING,
     "V5 list of the wrong type, beside a scalar": DECODING,

@@ -8,10 +8,10 @@ trusting their types, and report a field of the wrong type as an error instead o
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from fractions import Fraction
 from typing import Any, TypeGuard
 
@@ -29,9 +29,12 @@ __all__ = [
     "show",
 ]
 
+# What Go's time.Parse(time.RFC3339, ...) reads, which is how the server reads a time: upper-case T and Z, a
+# fraction after '.' or ',', an offset of up to 24 hours and 60 minutes; ranges are checked apart.
 _RFC3339_RE = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:[.,][0-9]+)?(?:Z|[+-]([0-9]{2}):([0-9]{2}))"
 )
+_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -78,7 +81,11 @@ def lookup(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def is_int64(value: object) -> TypeGuard[int]:
+def is_int64(value: object) -> TypeGuard[int | float]:
+    """A JSON number the server reads as a 64-bit integer: an integer, or a number such as 2.0 or 1e3 whose value
+    is one (Python reads those as floats)."""
+    if isinstance(value, float):
+        return value.is_integer() and -(2**63) <= value < 2**63
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
@@ -111,10 +118,13 @@ def as_quantity(value: Any, path: str, errs: Errors) -> Fraction | None:
 
 
 def is_rfc3339(value: object) -> bool:
-    if not isinstance(value, str) or _RFC3339_RE.fullmatch(value.upper()) is None:
+    """A time the server can read (year 0 included, which Python's datetime cannot hold)."""
+    match = _RFC3339_RE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
         return False
-    try:
-        datetime.fromisoformat(value.upper())
-    except ValueError:  # well-formed but out of range, e.g. month 13
+    year, month, day, hour, minute, second = (int(match[i]) for i in range(1, 7))
+    if not 1 <= month <= 12 or hour > 23 or minute > 59 or second > 59:
         return False
-    return True
+    days = 29 if month == 2 and calendar.isleap(year) else _DAYS[month - 1]
+    offset_ok = match[7] is None or (int(match[7]) <= 24 and int(match[8]) <= 60)
+    return 1 <= day <= days and offset_ok
