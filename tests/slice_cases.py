@@ -182,6 +182,15 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
         lambda o: o["metadata"]["ownerReferences"].append({**o["metadata"]["ownerReferences"][0], "name": "other"}),
         {"metadata.ownerReferences"},
     ),
+    "M2 owner apiVersion without a version": (
+        set_at("metadata.ownerReferences.0.apiVersion", "example.com/"),
+        {"metadata.ownerReferences[0].apiVersion"},
+    ),
+    "M2 owner apiVersion with two slashes": (
+        set_at("metadata.ownerReferences.0.apiVersion", "a/b/c"),
+        {"metadata.ownerReferences[0].apiVersion"},
+    ),
+    "M2 an Event as owner": (set_at("metadata.ownerReferences.0.kind", "Event"), {"metadata.ownerReferences[0]"}),
     "apiVersion beta": (set_at("apiVersion", "resource.k8s.io/v1beta2"), {"apiVersion"}),
     "kind wrong": (set_at("kind", "ResourceClaim"), {"kind"}),
     "spec missing, so empty: no driver, pool name, count or node selection": (
@@ -653,6 +662,7 @@ VALID_CASES: dict[str, Mutation] = {
         o["spec"]["pool"].update(generation=2.0),
         device(o)["attributes"].update(x={"int": 1e3}),
     ),
+    "owner apiVersion with an empty group": set_at("metadata.ownerReferences.0.apiVersion", "/v1"),
     "taint timeAdded": set_at("spec.devices.0.taints", [dict(TAINT, timeAdded="2026-01-02T15:04:05Z")]),
     "consumesCounters without any counter set (not checked by the server)": set_at(
         "spec.devices.0.consumesCounters", [COUNTERS, dict(COUNTERS, counterSet="other")]

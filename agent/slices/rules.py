@@ -81,14 +81,25 @@ def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
                    f"the value of annotation {show(key)} must be a string", value)  # fmt: skip
     refs = as_list(meta.get("ownerReferences"), "metadata.ownerReferences", errs)
     for i, ref in enumerate(refs):
-        for field in ("apiVersion", "kind", "name", "uid"):
-            value = lookup(ref, field)
-            errs.check(isinstance(value, str) and value != "", f"metadata.ownerReferences[{i}].{field}",
-                       "is required and must be a non-empty string", value)  # fmt: skip
-        for flag in ("controller", "blockOwnerDeletion"):
-            errs.check_flag(as_map(ref, f"metadata.ownerReferences[{i}]", errs), flag, f"metadata.ownerReferences[{i}]")
+        _check_owner(as_map(ref, f"metadata.ownerReferences[{i}]", errs), f"metadata.ownerReferences[{i}]", errs)
     if sum(lookup(ref, "controller") is True for ref in refs) > 1:
         errs.add("metadata.ownerReferences", "at most one owner reference may set controller to true")
+
+
+def _check_owner(ref: Mapping[str, Any], path: str, errs: Errors) -> None:
+    for field in ("apiVersion", "kind", "name", "uid"):
+        value = ref.get(field)
+        errs.check(isinstance(value, str) and value != "", f"{path}.{field}", "is required and must be a non-empty "
+                   "string", value)  # fmt: skip
+    api_version = ref.get("apiVersion")
+    if isinstance(api_version, str) and api_version:
+        group, _, version = api_version.rpartition("/")
+        errs.check(api_version.count("/") <= 1 and version != "", f"{path}.apiVersion",
+                   "must be <group>/<version> or <version>", api_version)  # fmt: skip
+        if (group, version, ref.get("kind")) == ("", "v1", "Event"):
+            errs.add(path, "a core Event may not be an owner")
+    for flag in ("controller", "blockOwnerDeletion"):
+        errs.check_flag(ref, flag, path)
 
 
 # --- slice -------------------------------------------------------------------------------------
