@@ -115,13 +115,15 @@ _FIELDS = {
 }
 
 
-def _places(obj: Any) -> list[tuple[Any, Any]]:
-    """Every (container, key or index) in ``obj``, depth first."""
+def _places(obj: Any, top: bool = True) -> list[tuple[Any, Any]]:
+    """Every (container, key or index) in ``obj``, depth first; not apiVersion and kind, which the tables cover (a
+    slice with others is not sent as a ResourceSlice at all)."""
     found: list[tuple[Any, Any]] = []
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
     for key, value in items:
-        found.append((obj, key))
-        found += _places(value)
+        if not (top and key in ("apiVersion", "kind")):
+            found.append((obj, key))
+            found += _places(value, top=False)
     return found
 
 
