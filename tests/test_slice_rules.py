@@ -34,6 +34,7 @@ from tests.slice_cases import (
     COUNTER_CASES,
     DEV,
     POOL_CASES,
+    RAW_CASES,
     SELECTOR,
     SLICE_CASES,
     UPDATE_CASES,
@@ -69,6 +70,13 @@ def test_error_format_matches_documented_example() -> None:
 def test_slice_rule_violations(mutate: Mutation, expected: set[str]) -> None:
     obj = baseline()
     assert validate_resource_slice(obj) == []
+    mutate(obj)
+    assert paths(validate_resource_slice(obj)) == expected
+
+
+@pytest.mark.parametrize(("mutate", "expected"), RAW_CASES.values(), ids=RAW_CASES.keys())
+def test_whole_numbers_written_as_floats_are_refused(mutate: Mutation, expected: set[str]) -> None:
+    obj = baseline()
     mutate(obj)
     assert paths(validate_resource_slice(obj)) == expected
 

@@ -81,11 +81,8 @@ def lookup(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def is_int64(value: object) -> TypeGuard[int | float]:
-    """A JSON number the server reads as a 64-bit integer: an integer, or a number such as 2.0 or 1e3 whose value
-    is one (Python reads those as floats)."""
-    if isinstance(value, float):
-        return value.is_integer() and -(2**63) <= value < 2**63
+def is_int64(value: object) -> TypeGuard[int]:
+    """A number the server reads as a 64-bit integer: not a float, not even 2.0 (JSON ``2.0``), which it refuses."""
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 

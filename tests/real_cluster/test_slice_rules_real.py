@@ -23,6 +23,8 @@ from cluster.kubectl import KubectlError
 from tests.real_cluster.cluster_env import RealCluster
 from tests.slice_cases import (
     COUNTER_CASES,
+    DECODING,
+    RAW_CASES,
     REFUSED_BEFORE_VALIDATION,
     SLICE_CASES,
     UPDATE_CASES,
@@ -43,6 +45,7 @@ _ERROR_TYPES = ("Invalid value", "Required value", "Duplicate value", "Unsupport
 # A field path: names joined by dots, list indices and map keys in brackets (keys are printed as they are).
 _CAUSE = re.compile(r"((?:[A-Za-z_<][\w<>]*)(?:\.[A-Za-z_]\w*|\[[^\]]*\])*): (?:" + "|".join(_ERROR_TYPES) + ")")
 _INVALID = re.compile(r'The ResourceSlice "[^"]*" is invalid: ?(.*)')
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _WARNING = re.compile(r"Warning: |[IWE]\d{4} ")
 # How kubectl words a refusal of an object that the server (or kubectl, reading it first) cannot read.
 _UNREADABLE = ("cannot be handled as a ResourceSlice", "unable to decode", "error validating data")
@@ -129,6 +132,17 @@ def test_the_server_accepts_each_valid_variant(real_cluster: RealCluster, name: 
     obj = _mutated(baseline(), mutate)
     assert_same_verdict(name, paths(validate_resource_slice(obj)), set(),
                         server_verdict(real_cluster, obj))
+
+
+@pytest.mark.parametrize(("name", "mutate", "expected"), rows(RAW_CASES))
+def test_the_server_refuses_whole_numbers_written_as_floats(real_cluster: RealCluster, name: str, mutate: Mutation,
+                                                           expected: set[str]) -> None:
+    """Sent as the agent sends JSON, byte for byte: kubectl create would write 2.0 as 2 first."""
+    obj = _mutated(baseline(), mutate)
+    assert paths(validate_resource_slice(obj)) == expected
+    with pytest.raises(KubectlError) as refused:
+        real_cluster.kubectl.run("create", "--raw", f"{SLICES}?dryRun=All", "-f", "-", input=json.dumps(obj))
+    assert DECODING in refused.value.stderr, refused.value.stderr
 
 
 def unowned_baseline() -> Obj:
