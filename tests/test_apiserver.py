@@ -207,6 +207,27 @@ async def test_invalid_slice_is_422_with_causes(resources: client.ResourceV1Api)
     assert {c["field"] for c in status_of(immutable.value)["details"]["causes"]} == {"spec.driver"}
 
 
+async def test_fields_of_alpha_gates_are_dropped_as_by_a_1_37_server(http: aiohttp.ClientSession) -> None:
+    """Their gates are off by default: the server drops the fields before validating, so bad values pass too."""
+    body = wire(slice_body("lists"))
+    body["spec"].update(partitionTypeAttribute="x", skipNodeOperations=["NodePrepareResources"])
+    body["spec"]["devices"][0].update(
+        attributes={"x": {"int": 1, "ints": [1, 2]}}, nodeAllocatableResources={"cpu": {}},
+        consumesCounters=[{"counterSet": "s", "counters": {"c": {"value": "1"}}, "compatibilityGroups": ["-"]}])
+    async with http.post(SLICES, json=body) as response:
+        assert response.status == 201
+        stored = (await response.json())["spec"]
+    assert "partitionTypeAttribute" not in stored and "skipNodeOperations" not in stored
+    assert stored["devices"][0] == {"name": "gpu-0", "attributes": {"x": {"int": 1}},
+                                    "consumesCounters": [{"counterSet": "s", "counters": {"c": {"value": "1"}}}]}
+    body["metadata"]["name"] = "list-only"
+    body["spec"]["devices"][0]["attributes"] = {"x": {"ints": [1, 2]}}
+    async with http.post(SLICES, json=body) as response:
+        assert response.status == 422
+        causes = (await response.json())["details"]["causes"]
+        assert [c["field"] for c in causes] == ["spec.devices[0].attributes[x]"]
+
+
 async def test_taint_time_added_is_defaulted(resources: client.ResourceV1Api) -> None:
     body = slice_body("t")
     body.spec.devices[0].taints = [client.V1DeviceTaint(key="gpu.example.com/xid", effect="NoSchedule")]

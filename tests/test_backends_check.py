@@ -71,7 +71,7 @@ def test_broken_backends_fail_with_what_to_fix(run_cli: Callable[..., CliResult]
         "kit-unstable", "kit-rejected", "kit-untyped"}
     out = result.out
     assert "  - device names changed between two discoveries: gone [fpga0, fpga1], new [fpga2, fpga3]" in out
-    assert '  - the API server would reject device fpga-0000-01-00-0: device.attributes["Vendor Name"]' in out
+    assert '  - the API server would reject device fpga-0000-01-00-0: device.attributes: key "Vendor Name"' in out
     assert "  - no 'config_model': declare the backend's settings as a pydantic model" in out
     assert "3 of 4 backend(s) failed the checks: kit-rejected, kit-unstable, kit-untyped" in result.err
 

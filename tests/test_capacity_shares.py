@@ -55,14 +55,14 @@ def test_the_slice_carries_the_device_s_sharing_and_policy() -> None:
 
 @pytest.mark.parametrize(("gpu", "reason"), [
     (shared_gpu(CapacityPolicy(default=GI, valid_values=(GI,)), multi=False),
-     'gpu-0: device.capacity["memory"].requestPolicy: may only be set when the device sets allowMultipleAllocations '
+     'gpu-0: device.capacity[memory].requestPolicy: may only be set when the device sets allowMultipleAllocations '
      "to true"),
     (shared_gpu(CapacityPolicy(default=3 * GI, valid_range=CapacityRange(min=GI, max=2 * GI))),
-     'gpu-0: device.capacity["memory"].requestPolicy.validRange.default: must be <= max'),
+     'gpu-0: device.capacity[memory].requestPolicy.validRange.default: must be <= max'),
     (shared_gpu(CapacityPolicy(default=GI, valid_values=(GI, 81 * GI))),
-     'gpu-0: device.capacity["memory"].requestPolicy.validValues[1]: must not exceed the capacity value, got "81Gi"'),
+     'gpu-0: device.capacity[memory].requestPolicy.validValues[1]: must not exceed the capacity value, got "81Gi"'),
     (shared_gpu(CapacityPolicy(default=GI + 1, valid_range=CapacityRange(min=GI, step=GI))),
-     'gpu-0: device.capacity["memory"].requestPolicy.validRange.step: default minus min must be a multiple of step'),
+     'gpu-0: device.capacity[memory].requestPolicy.validRange.step: default minus min must be a multiple of step'),
     (Device("gpu-0", capacity={"memory": GI}, allow_multiple_allocations=True,
             capacity_policies={"cores": CapacityPolicy(default=1, valid_values=(1,))}),
      "gpu-0: request policies for capacities it does not have: cores"),

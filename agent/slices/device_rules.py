@@ -1,9 +1,11 @@
 """The API server's rules for one device of a ``resource.k8s.io/v1`` ResourceSlice, and for node selection.
 
-Rule ids refer to reference/resourceslice.md section 2. Implemented here: D1-D11, Q1-Q5 (attribute and
-capacity keys), V1-V6, the counters of C1 and C2, T1-T4, and the node selection of S5-S9 and D7, shared by
-a slice and, with perDeviceNodeSelection, by each of its devices. Not implemented: D12 (a field that exists
-only on the 1.37 development branch). The slice around the devices is checked in :mod:`agent.slices.rules`.
+Rule ids refer to reference/resourceslice.md section 2. Implemented here: D1, D2, D4-D11, Q1-Q4 (attribute and
+capacity keys; the 1.37 server does not enforce Q5), V1-V4, V6, the counters of C1 and C2, T1-T4, and the node
+selection of S5-S9 and D7, shared by a slice and, with perDeviceNodeSelection, by each of its devices. D3 and V5
+are about list values, which a 1.37 server drops (DRAListTypeAttributes is off by default): such a value counts
+as none. Not implemented: D12 (a field that exists only on the 1.37 development branch). The slice around the
+devices is checked in :mod:`agent.slices.rules`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from agent.slices.rule_checks import Errors, as_list, as_map, as_quantity, is_in
 __all__ = [
     "LIST_FIELDS",
     "MAX_ATTRIBUTES_AND_CAPACITIES",
-    "MAX_ATTRIBUTE_VALUES",
     "MAX_BINDING_CONDITIONS",
     "MAX_CONSUMES_COUNTERS",
     "MAX_COUNTERS",
@@ -48,19 +49,23 @@ __all__ = [
 ]
 
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
-MAX_ATTRIBUTE_VALUES = 48
 MAX_TAINTS = 16
 MAX_COUNTERS = 32
 MAX_CONSUMES_COUNTERS = 2
 MAX_STRING_ATTRIBUTE_BYTES = 64
 MAX_BINDING_CONDITIONS = 4
 MAX_VALID_VALUES = 10
+_MAX_INT64 = 2**63 - 1
+# Keys longer than these are cut in the middle in error paths: a domain, '/' and an identifier; a DNS label.
+MAX_KEY_LENGTH = 63 + 1 + 32
+MAX_COUNTER_NAME_LENGTH = 63
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
-LIST_FIELDS = {"int": "ints", "bool": "bools", "string": "strings", "version": "versions"}
-_SCALAR_OF = {plural: scalar for scalar, plural in LIST_FIELDS.items()}
-_VALUE_FIELDS = frozenset(LIST_FIELDS) | frozenset(_SCALAR_OF)
+_VALUE_FIELDS = frozenset({"int", "bool", "string", "version"})
+# List values exist behind DRAListTypeAttributes, alpha and off by default in 1.37: the server drops them before
+# it validates (after reading them, so their JSON types must still be right).
+LIST_FIELDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
 
 
 # --- node selection ----------------------------------------------------------------------------
@@ -85,7 +90,7 @@ def _check_requirement(req: Any, path: str, errs: Errors, *, by_field: bool) -> 
         elif op in ("Gt", "Lt") and len(values) != 1:
             errs.add(f"{path}.values", f"must hold exactly one value when operator is {op}")
     for j, value in enumerate(values):
-        ok = is_node_name(value) if by_field else is_label_value(value)
+        ok = is_node_name(value) if by_field else value is None or is_label_value(value)  # null is "" to the server
         errs.check(ok, f"{path}.values[{j}]", NODE_NAME_MSG if by_field else LABEL_VALUE_MSG, value)
 
 
@@ -147,58 +152,69 @@ def _check_attribute_value(kind: str, value: Any, path: str, errs: Errors) -> No
             errs.add(path, f"must be at most {MAX_STRING_ATTRIBUTE_BYTES} bytes of UTF-8, got {size} bytes")
 
 
-def _check_attribute(attribute: Any, path: str, errs: Errors) -> None:
-    """V1-V5."""
+def _check_attribute(attribute: Any, path: str, errs: Errors, full_path: str) -> None:
+    """V1-V4. List values (V5) are dropped by the server, so they count as no value and are not checked further.
+
+    ``path`` has the key cut as the server cuts long keys; ``full_path`` has it whole. For a long key the server
+    reports a missing or second value twice, at both: once from each of its two checks of that rule."""
     attr = as_map(attribute, path, errs)
-    # Iterate the attribute's own keys (usually one) rather than all eight value fields: this runs for
-    # every attribute of every device published.
+    # Iterate the attribute's own keys (usually one) rather than every value field: this runs for every attribute
+    # of every device published.
     present = [f for f, v in attr.items() if v is not None and f in _VALUE_FIELDS]
+    lists = [f for f, v in attr.items() if v is not None and f in LIST_FIELDS]
     if len(present) != 1:
-        errs.add(path, "exactly one value must be specified: int, bool, string, version (or a list: ints, "
-                 f"bools, strings, versions), got {', '.join(present) or 'none'}")  # fmt: skip
+        dropped = (f" ({', '.join(lists)} dropped: list values need the DRAListTypeAttributes feature gate, off "
+                   "by default)") if lists else ""  # fmt: skip
+        got = ", ".join(present) or "none"
+        for where in dict.fromkeys((path, full_path)):
+            errs.add(where, f"exactly one value must be specified: int, bool, string or version, got {got}{dropped}")
     for field in present:
-        scalar = _SCALAR_OF.get(field)
-        if scalar is None:
-            _check_attribute_value(field, attr[field], f"{path}.{field}", errs)
-            continue
-        items = as_list(attr[field], f"{path}.{field}", errs)
-        if not items:
-            errs.add(f"{path}.{field}", "must not be empty when set")
-        for i, item in enumerate(items):
-            _check_attribute_value(scalar, item, f"{path}.{field}[{i}]", errs)
-
-
-def _attribute_value_count(attributes: Mapping[str, Any]) -> int:
-    """D3: a scalar counts once, a list counts its length."""
-    total = 0
-    for attr in attributes.values():
-        items = attr.items() if isinstance(attr, Mapping) else ()
-        sizes = [len(v) for f, v in items if f in _SCALAR_OF and isinstance(v, list | tuple)]
-        total += sum(sizes) if any(sizes) else 1
-    return total
+        _check_attribute_value(field, attr[field], f"{path}.{field}", errs)
+    for field in lists:
+        kind = LIST_FIELDS[field]
+        for i, item in enumerate(as_list(attr[field], f"{path}.{field}", errs)):
+            if not (is_int64(item) if kind == "int" else isinstance(item, bool if kind == "bool" else str)):
+                errs.add(f"{path}.{field}[{i}]", f"must be a {'64-bit integer' if kind == 'int' else kind}, "
+                         f"got {show(item)}")  # fmt: skip
 
 
 def _int_value(q: Fraction) -> int:
-    # Without fractional-range support the server reads each bound as an integer, rounding up.
+    # Without fractional-range support (DRAFractionalCapacityRange, off in 1.37) the server reads each amount
+    # as an integer, rounding away from zero.
     return int(math.copysign(math.ceil(abs(q)), q))
+
+
+def _quantity_or_zero(value: Any, path: str, errs: Errors) -> Fraction | None:
+    """A capacity's or counter's value, or an entry of validValues: absent or null, it is zero to the server (a
+    quantity, not a pointer, in Go)."""
+    return Fraction(0) if value is None else as_quantity(value, path, errs)
 
 
 def _check_valid_values(
     raw: Sequence[Any], cap: Fraction, default: Fraction, path: str, errs: Errors
 ) -> None:
-    if len(raw) > MAX_VALID_VALUES:
-        errs.add(f"{path}.validValues", f"must have at most {MAX_VALID_VALUES} entries, got {len(raw)}")
-        return
-    values = [as_quantity(v, f"{path}.validValues[{i}]", errs) for i, v in enumerate(raw)]
-    previous: Fraction | None = None
-    for i, value in enumerate(values):
-        if value is not None and value > cap:
-            errs.add(f"{path}.validValues[{i}]", f"must not exceed the capacity value, got {show(raw[i])}")
-        if value is not None and previous is not None and value <= previous:
-            errs.add(f"{path}.validValues[{i}]", "values must be unique and in ascending order")
-        previous = value if value is not None else previous
-    if default not in values:
-        errs.add(f"{path}.default", "must be one of validValues")
+    """The checks and their order are the server's: order first, then the size limit (which skips the rest but
+    the default's), then each value and repeats (amounts equal once rounded to integers repeat)."""
+    path = f"{path}.validValues"
+    values = [_quantity_or_zero(v, f"{path}[{i}]", errs) for i, v in enumerate(raw)]
+    for i in range(1, len(values)):
+        before, value = values[i - 1], values[i]
+        if before is not None and value is not None and before > value:
+            errs.add(f"{path}[{i}]", f"values must be in ascending order, got {show(raw[i])} after {show(raw[i - 1])}")
+    if len(values) > MAX_VALID_VALUES:
+        errs.add(path, f"must have at most {MAX_VALID_VALUES} entries, got {len(values)}")
+    else:
+        seen: set[int] = set()
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            if value > cap:
+                errs.add(f"{path}[{i}]", f"must not exceed the capacity value, got {show(raw[i])}")
+            if _int_value(value) in seen:
+                errs.add(f"{path}[{i}]", f"duplicate value {show(raw[i])}: values must be unique as integers")
+            seen.add(_int_value(value))
+    if len(values) > MAX_VALID_VALUES or default not in values:
+        errs.add(path, "must include the default")
 
 
 def _check_valid_range(
@@ -214,12 +230,16 @@ def _check_valid_range(
     if high is not None:
         problems += [(low > high, "max", "must be >= min"), (high > cap, "max", over_capacity)]
         problems.append((default > high, "default", "must be <= max"))
-    if step is not None:
-        problems.append((step <= 0, "step", "must be greater than zero"))
-    if step is not None and step > 0:
+    if step is not None and step <= 0:
+        problems.append((True, "step", "must be greater than zero"))
+    elif step is not None:
         problems.append((low + step > cap, "step", "min plus one step must not exceed the capacity value"))
+        # The server does the grid arithmetic on 64-bit integers, so it first requires every amount to be one.
+        amounts = {"default": default, "min": low, "max": high, "step": step}
+        outside = [name for name, q in amounts.items() if q is not None and not 0 <= q <= _MAX_INT64]
+        problems += [(True, name, "must be between 0 and 2^63-1 when step is set") for name in outside]
         for name, value in (("default", default), ("max", high)):
-            if value is not None:  # the remainder is zero for truncated and floored division alike
+            if value is not None and not outside:
                 off_grid = (_int_value(value) - _int_value(low)) % _int_value(step) != 0
                 problems.append((off_grid, "step", f"{name} minus min must be a multiple of step"))
     for failed, field, message in problems:
@@ -230,7 +250,7 @@ def _check_valid_range(
 def _check_capacity(capacity: Any, path: str, multi: bool, errs: Errors) -> None:
     """V6, D10, D11."""
     cap_map = as_map(capacity, path, errs)
-    value = as_quantity(cap_map.get("value"), f"{path}.value", errs)
+    value = _quantity_or_zero(cap_map.get("value"), f"{path}.value", errs)
     if cap_map.get("requestPolicy") is None:
         return
     path = f"{path}.requestPolicy"
@@ -263,8 +283,9 @@ def check_counters(counters: Any, path: str, errs: Errors) -> None:
         errs.add(path, f"must have at most {MAX_COUNTERS} counters, got {len(counter_map)}")
     else:
         for key, counter in counter_map.items():
-            errs.check_key(is_dns_label(key), key_path(path, key), f"counter name {DNS_LABEL_MSG}")
-            as_quantity(lookup(counter, "value"), f"{key_path(path, key)}.value", errs)
+            errs.check_key(is_dns_label(key), path, key, f"(a counter name) {DNS_LABEL_MSG}")
+            where = key_path(path, key, MAX_COUNTER_NAME_LENGTH)
+            _quantity_or_zero(as_map(counter, where, errs).get("value"), f"{where}.value", errs)
 
 
 def _check_taint(taint: Any, path: str, errs: Errors) -> None:
@@ -313,8 +334,14 @@ def _check_consumes_counters(entries: Sequence[Any], path: str, errs: Errors) ->
         errs.check(is_dns_label(counter_set), f"{path}[{i}].counterSet", f"is required and {DNS_LABEL_MSG}",
                    counter_set)  # fmt: skip
         if any(lookup(other, "counterSet") == counter_set for other in entries[:i]):
-            errs.add(f"{path}[{i}].counterSet", f"duplicate counter set {show(counter_set)} in this device")
+            errs.add(f"{path}[{i}]", f"duplicate counter set {show(counter_set)} in this device")
         check_counters(lookup(as_map(entry, f"{path}[{i}]", errs), "counters"), f"{path}[{i}].counters", errs)
+
+
+def _is_key(key: Any) -> bool:
+    """An attribute or capacity key the server takes: a qualified name (Q1-Q4), or any key with more than one '/',
+    which 1.37 does not check at all (its validation leaves that case open, so Q5 is not enforced)."""
+    return (isinstance(key, str) and key.count("/") > 1) or is_qualified_name(key)
 
 
 def check_device(device: Any, path: str, per_device_node_selection: bool, errs: Errors) -> None:
@@ -326,17 +353,16 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
     if (count := len(attributes) + len(capacities)) > MAX_ATTRIBUTES_AND_CAPACITIES:
         limit = MAX_ATTRIBUTES_AND_CAPACITIES
         errs.add(path, f"has {count} attributes and capacities together, at most {limit} are allowed")
-    if (values := _attribute_value_count(attributes)) > MAX_ATTRIBUTE_VALUES:
-        errs.add(path, f"has {values} attribute values, at most {MAX_ATTRIBUTE_VALUES} allowed")
     for key, attribute in attributes.items():
-        where = key_path(f"{path}.attributes", key)
-        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
-        _check_attribute(attribute, where, errs)
+        errs.check_key(_is_key(key), f"{path}.attributes", key, QUALIFIED_MSG)
+        where = f"{path}.attributes"
+        _check_attribute(attribute, key_path(where, key, MAX_KEY_LENGTH), errs, key_path(where, key))
+    for flag in ("allowMultipleAllocations", "bindsToNode"):
+        errs.check_flag(dev, flag, path)
     multi = dev.get("allowMultipleAllocations") is True
     for key, capacity in capacities.items():
-        where = key_path(f"{path}.capacity", key)
-        errs.check_key(is_qualified_name(key), where, QUALIFIED_MSG)
-        _check_capacity(capacity, where, multi, errs)
+        errs.check_key(_is_key(key), f"{path}.capacity", key, QUALIFIED_MSG)
+        _check_capacity(capacity, key_path(f"{path}.capacity", key, MAX_KEY_LENGTH), multi, errs)
     taints = as_list(dev.get("taints"), f"{path}.taints", errs)
     if len(taints) > MAX_TAINTS:
         errs.add(f"{path}.taints", f"must have at most {MAX_TAINTS} entries, got {len(taints)}")
@@ -354,7 +380,7 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
 def validate_device(
     device: Mapping[str, Any], *, per_device_node_selection: bool = False, path: str = "device"
 ) -> list[str]:
-    """Errors for one entry of ``spec.devices`` (D1-D11, V1-V6, C2, T1-T4); paths start at ``path``."""
+    """Errors for one entry of ``spec.devices`` (D1-D11, V1-V6, C2, T1-T4 as above); paths start at ``path``."""
     errs = Errors()
     check_device(device, path, per_device_node_selection, errs)
     return errs

@@ -1,16 +1,17 @@
 """Shared plumbing of the ResourceSlice rule modules: the error collector and tolerant field access.
 
 Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every error is a string
-``"<json path>: <message>"``. The helpers here build those paths, read fields without trusting their
-types, and report a field of the wrong type as an error instead of raising.
+``"<field path>: <message>"``, the path written as the API server writes it (``spec.devices[0].attributes[model]``:
+list indices and map keys in brackets, keys unquoted). The helpers here build those paths, read fields without
+trusting their types, and report a field of the wrong type as an error instead of raising.
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from fractions import Fraction
 from typing import Any, TypeGuard
 
@@ -28,9 +29,12 @@ __all__ = [
     "show",
 ]
 
+# What Go's time.Parse(time.RFC3339, ...) reads, which is how the server reads a time: upper-case T and Z, a
+# fraction after '.' or ',', an offset of up to 24 hours and 60 minutes; ranges are checked apart.
 _RFC3339_RE = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:[.,][0-9]+)?(?:Z|[+-]([0-9]{2}):([0-9]{2}))"
 )
+_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -44,10 +48,15 @@ class Errors(list[str]):
         if not ok:
             self.add(path, f"{message}, got {show(value)}")
 
-    def check_key(self, ok: bool, path: str, message: str) -> None:
-        """Like check, for map keys: the offending key is already part of the path."""
+    def check_flag(self, obj: Mapping[str, Any], field: str, path: str) -> None:
+        """An optional boolean field: the server cannot read any other JSON type into it."""
+        if (value := obj.get(field)) is not None and not isinstance(value, bool):
+            self.add(f"{path}.{field}", f"must be true or false, got {show(value)}")
+
+    def check_key(self, ok: bool, path: str, key: Any, message: str) -> None:
+        """Like check, for a key of the map at ``path``: the server names the map, not the entry, for a bad key."""
         if not ok:
-            self.add(path, message)
+            self.add(path, f"key {show(key)} {message}")
 
 
 def show(value: Any) -> str:
@@ -55,10 +64,15 @@ def show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def key_path(path: str, key: Any) -> str:
-    if isinstance(key, str) and key.isprintable() and '"' not in key and "\\" not in key:
-        return f'{path}["{key}"]'  # what json.dumps would give, without its cost on every attribute
-    return f"{path}[{json.dumps(key, ensure_ascii=False, default=str)}]"
+def key_path(path: str, key: Any, limit: int | None = None) -> str:
+    """The path of the entry ``key`` of the map at ``path``. A key of more than ``limit`` bytes is cut in the middle
+    to ``<start>...<end>`` of ``limit`` bytes, as the server cuts the keys of attributes, capacities and counters
+    (at least 16 bytes are kept; a cut inside a UTF-8 character leaves a replacement character, as there)."""
+    text = str(key)
+    if limit is not None and len(raw := text.encode()) > (limit := max(limit, 16)):
+        keep = limit - 3
+        text = (raw[: (keep + 1) // 2] + b"..." + raw[len(raw) - keep // 2 :]).decode(errors="replace")
+    return f"{path}[{text}]"
 
 
 def lookup(obj: Any, *keys: str) -> Any:
@@ -68,6 +82,7 @@ def lookup(obj: Any, *keys: str) -> Any:
 
 
 def is_int64(value: object) -> TypeGuard[int]:
+    """A number the server reads as a 64-bit integer: not a float, not even 2.0 (JSON ``2.0``), which it refuses."""
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
@@ -100,10 +115,13 @@ def as_quantity(value: Any, path: str, errs: Errors) -> Fraction | None:
 
 
 def is_rfc3339(value: object) -> bool:
-    if not isinstance(value, str) or _RFC3339_RE.fullmatch(value.upper()) is None:
+    """A time the server can read (year 0 included, which Python's datetime cannot hold)."""
+    match = _RFC3339_RE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
         return False
-    try:
-        datetime.fromisoformat(value.upper())
-    except ValueError:  # well-formed but out of range, e.g. month 13
+    year, month, day, hour, minute, second = (int(match[i]) for i in range(1, 7))
+    if not 1 <= month <= 12 or hour > 23 or minute > 59 or second > 59:
         return False
-    return True
+    days = 29 if month == 2 and calendar.isleap(year) else _DAYS[month - 1]
+    offset_ok = match[7] is None or (int(match[7]) <= 24 and int(match[8]) <= 60)
+    return 1 <= day <= days and offset_ok

@@ -1,13 +1,15 @@
 """The API server's validation rules for ``resource.k8s.io/v1`` ResourceSlice objects.
 
 Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every error is a string
-``"<json path>: <message>"``. Rule ids refer to reference/resourceslice.md section 2.
+``"<field path>: <message>"``, the path as the API server names the field. Rule ids refer to
+reference/resourceslice.md section 2.
 
-Implemented here: M1, M2 (namespace, labels, annotation keys, ownerReferences), apiVersion and kind,
-S1-S14, C1, and the pool rules of 2.9 in :func:`validate_pool`; each device (D1-D11, Q1-Q5, V1-V6, C2,
-T1-T4) and node selection are checked by :mod:`agent.slices.device_rules`. Not implemented: S15 and S16 (fields
-that exist only on the 1.37 development branch), and the server's ratcheting on update, which skips
-re-validating unchanged taints and capacities; here every field of the new object is checked.
+Implemented here: M1, M2 (labels, annotation keys, ownerReferences), apiVersion and kind,
+S1-S14, C1, and the pool rules of 2.9 in :func:`validate_pool`; each device and node selection are checked by
+:mod:`agent.slices.device_rules`. The rules are those of a 1.37 server with its default feature gates. Not
+implemented: S15 and S16 (fields whose feature gates are off by default: the server drops them), and the
+server's ratcheting on update, which skips re-validating unchanged taints and capacities; here every field of
+the new object is checked.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from agent.kube.names import (
     is_label_key,
     is_label_value,
 )
-from agent.slices.device_rules import LIST_FIELDS, check_counters, check_device, check_node_selection
+from agent.slices.device_rules import check_counters, check_device, check_node_selection
 from agent.slices.rule_checks import Errors, as_list, as_map, is_int64, key_path, lookup, show
 
 __all__ = [
@@ -54,45 +56,58 @@ MAX_POOL_NAME_LENGTH = 253
 
 
 def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
-    """M1, M2."""
+    """M1, M2. A namespace is no error: the server clears it, as for any cluster-scoped kind."""
     name, prefix = meta.get("name"), meta.get("generateName")
+    if prefix:
+        # As a prefix: the server replaces a trailing '-' and the character before it by 'a' before checking.
+        masked = prefix[:-2] + "a" if isinstance(prefix, str) and len(prefix) > 1 and prefix.endswith("-") else prefix
+        errs.check(is_dns_subdomain(masked), "metadata.generateName", "must be the start of a DNS subdomain", prefix)
     if name:
         errs.check(is_dns_subdomain(name), "metadata.name", SUBDOMAIN_MSG, name)
-    elif not prefix:
+    elif prefix:
+        # The server makes the name of the prefix's first 58 characters and 5 random ones, and checks that.
+        made = str(prefix)[:58] + "xxxxx"
+        errs.check(is_dns_subdomain(made), "metadata.name", f"made from generateName, {SUBDOMAIN_MSG}", made)
+    else:
         errs.add("metadata.name", "name or generateName is required")
-    if prefix:
-        # The prefix itself may end in '-'; the server then keeps 58 of its characters and
-        # appends 5 random ones, and that name must be valid too.
-        masked = prefix[:-1] + "a" if isinstance(prefix, str) and prefix.endswith("-") else prefix
-        ok = is_dns_subdomain(masked) and (bool(name) or is_dns_subdomain(prefix[:58] + "xxxxx"))
-        errs.check(ok, "metadata.generateName", "must be a prefix that, cut to 58 characters and followed "
-                   "by 5 random characters, is a DNS subdomain", prefix)  # fmt: skip
-    if meta.get("namespace"):
-        errs.add("metadata.namespace", "must not be set: ResourceSlice is cluster-scoped")
+    # The server names the map, not the entry, for a bad label or annotation. A null value is "" to it.
     for key, value in as_map(meta.get("labels"), "metadata.labels", errs).items():
-        errs.check_key(is_label_key(key), key_path("metadata.labels", key), LABEL_KEY_MSG)
-        errs.check(is_label_value(value), key_path("metadata.labels", key), LABEL_VALUE_MSG, value)
-    for key in as_map(meta.get("annotations"), "metadata.annotations", errs):
-        errs.check_key(is_label_key(str(key).lower()), key_path("metadata.annotations", key), LABEL_KEY_MSG)
+        errs.check_key(is_label_key(key), "metadata.labels", key, LABEL_KEY_MSG)
+        errs.check(value is None or is_label_value(value), "metadata.labels",
+                   f"the value of label {show(key)} {LABEL_VALUE_MSG}", value)  # fmt: skip
+    for key, value in as_map(meta.get("annotations"), "metadata.annotations", errs).items():
+        errs.check_key(is_label_key(str(key).lower()), "metadata.annotations", key, LABEL_KEY_MSG)
+        errs.check(value is None or isinstance(value, str), "metadata.annotations",
+                   f"the value of annotation {show(key)} must be a string", value)  # fmt: skip
     refs = as_list(meta.get("ownerReferences"), "metadata.ownerReferences", errs)
     for i, ref in enumerate(refs):
-        for field in ("apiVersion", "kind", "name", "uid"):
-            value = lookup(ref, field)
-            errs.check(isinstance(value, str) and value != "", f"metadata.ownerReferences[{i}].{field}",
-                       "is required and must be a non-empty string", value)  # fmt: skip
+        _check_owner(as_map(ref, f"metadata.ownerReferences[{i}]", errs), f"metadata.ownerReferences[{i}]", errs)
     if sum(lookup(ref, "controller") is True for ref in refs) > 1:
         errs.add("metadata.ownerReferences", "at most one owner reference may set controller to true")
+
+
+def _check_owner(ref: Mapping[str, Any], path: str, errs: Errors) -> None:
+    for field in ("apiVersion", "kind", "name", "uid"):
+        value = ref.get(field)
+        errs.check(isinstance(value, str) and value != "", f"{path}.{field}", "is required and must be a non-empty "
+                   "string", value)  # fmt: skip
+    api_version = ref.get("apiVersion")
+    if isinstance(api_version, str) and api_version:
+        group, _, version = api_version.rpartition("/")
+        errs.check(api_version.count("/") <= 1 and version != "", f"{path}.apiVersion",
+                   "must be <group>/<version> or <version>", api_version)  # fmt: skip
+        if (group, version, ref.get("kind")) == ("", "v1", "Event"):
+            errs.add(path, "a core Event may not be an owner")
+    for flag in ("controller", "blockOwnerDeletion"):
+        errs.check_flag(ref, flag, path)
 
 
 # --- slice -------------------------------------------------------------------------------------
 
 
 def _lowers_device_limit(device: Any) -> bool:
-    attributes = lookup(device, "attributes")
-    lists = isinstance(attributes, Mapping) and any(
-        lookup(attr, f) is not None for attr in attributes.values() for f in LIST_FIELDS.values()
-    )
-    return bool(lookup(device, "taints")) or bool(lookup(device, "consumesCounters")) or lists
+    # List attribute values would lower it too, but a 1.37 server drops them before it counts.
+    return bool(lookup(device, "taints")) or bool(lookup(device, "consumesCounters"))
 
 
 def _check_pool_fields(pool: Mapping[str, Any], errs: Errors) -> None:
@@ -105,15 +120,18 @@ def _check_pool_fields(pool: Mapping[str, Any], errs: Errors) -> None:
             errs.add("spec.pool.name", f"must be at most {MAX_POOL_NAME_LENGTH} characters, got {len(name)}")
         ok = all(is_dns_subdomain(part) for part in name.split("/"))
         errs.check(ok, "spec.pool.name", "must be DNS subdomains separated by '/', with no empty part", name)
+    # Absent numbers are zero to the server, as in Go: a count of zero is refused, a generation of zero is fine.
+    count, generation = 0 if count is None else count, 0 if generation is None else generation
     count_ok, generation_ok = is_int64(count) and count > 0, is_int64(generation) and generation >= 0
     errs.check(count_ok, "spec.pool.resourceSliceCount", "is required and must be an integer > 0", count)
-    errs.check(generation_ok, "spec.pool.generation", "is required and must be an integer >= 0", generation)
+    errs.check(generation_ok, "spec.pool.generation", "must be an integer >= 0", generation)
 
 
 def _check_named_list(
     items: Sequence[Any], path: str, limit: int, why: str, errs: Errors, check: Callable[[Any, str], None]
 ) -> None:
-    """Size limit (checked first, as the server does), per-item checks and unique names."""
+    """Size limit (checked first, as the server does), per-item checks and unique names (a repeated name is
+    reported at the entry that repeats it, as the server does)."""
     if len(items) > limit:
         errs.add(path, f"must have at most {limit} entries{why}, got {len(items)}")
         return
@@ -123,7 +141,7 @@ def _check_named_list(
         name = lookup(item, "name")
         if isinstance(name, str):
             if name in seen:
-                errs.add(f"{path}[{i}].name", f"duplicate name {show(name)}: names must be unique in a slice")
+                errs.add(f"{path}[{i}]", f"duplicate name {show(name)}: names must be unique in a slice")
             seen.add(name)
 
 
@@ -143,10 +161,7 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
     errs.check(api_version == API_VERSION, "apiVersion", f"must be {API_VERSION}", api_version)
     errs.check(kind == KIND, "kind", f"must be {KIND}", kind)
     _check_metadata(as_map(obj.get("metadata"), "metadata", errs), errs)
-    if obj.get("spec") is None:
-        errs.add("spec", "is required")
-        return errs
-    spec = as_map(obj["spec"], "spec", errs)
+    spec = as_map(obj.get("spec"), "spec", errs)  # absent, it is an empty spec to the server, checked as such
     driver = spec.get("driver")
     errs.check(is_driver_name(driver), "spec.driver", f"is required and {DRIVER_MSG}", driver)
     _check_pool_fields(as_map(spec.get("pool"), "spec.pool", errs), errs)
@@ -157,7 +172,7 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
     devices = as_list(spec.get("devices"), "spec.devices", errs)
     per_device = spec.get("perDeviceNodeSelection") is True
     if any(_lowers_device_limit(d) for d in devices):
-        limit, why = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS, " (a device has taints, counters or lists)"
+        limit, why = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS, " (a device has taints or consumes counters)"
     else:
         limit, why = MAX_DEVICES_PER_SLICE, ""
     _check_named_list(devices, "spec.devices", limit, why, errs,

@@ -68,13 +68,28 @@ _GATED_DEVICE_FIELDS = {
     "DRADeviceTaints": ("taints",),
     "DRAPartitionableDevices": ("consumesCounters", "nodeName", "nodeSelector", "allNodes"),
     "DRAConsumableCapacity": ("allowMultipleAllocations",),
+    "DRANodeAllocatableResources": ("nodeAllocatableResources",),
 }
 
-# Fields of a device's capacity entries dropped with a gate off.
-_GATED_CAPACITY_FIELDS = {"DRAConsumableCapacity": ("requestPolicy",)}
+# Fields of the entries of a device's maps and lists (capacities, attributes, counter uses) dropped with a gate off.
+_GATED_ENTRY_FIELDS = {
+    "DRAConsumableCapacity": ("capacity", ("requestPolicy",)),
+    "DRAListTypeAttributes": ("attributes", ("ints", "bools", "strings", "versions")),
+    "DRADeviceCompatibilityGroups": ("consumesCounters", ("compatibilityGroups",)),
+}
 
+_GATED_SPEC_FIELDS = {
+    "DRAPartitionableDevices": ("sharedCounters", "perDeviceNodeSelection"),
+    "DRAPartitionableDevicesType": ("partitionTypeAttribute",),
+    "DRAOptionalNodeOperations": ("skipNodeOperations",),
+}
 
-_GATED_SPEC_FIELDS = {"DRAPartitionableDevices": ("sharedCounters", "perDeviceNodeSelection")}
+OFF_BY_DEFAULT = frozenset({
+    "DRAListTypeAttributes", "DRANodeAllocatableResources", "DRADeviceCompatibilityGroups",
+    "DRAPartitionableDevicesType", "DRAOptionalNodeOperations",
+})  # fmt: skip
+"""The alpha gates of 1.37 with ResourceSlice fields: off unless a cluster turns them on, so their fields are
+dropped (agent.slices.rules models the same server)."""
 
 
 def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[str]) -> None:
@@ -85,20 +100,23 @@ def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[
         return
     old_spec = (old or {}).get("spec") or {}
 
-    def capacities(device: Any) -> list[Any]:
-        capacity = device.get("capacity") if isinstance(device, dict) else None
-        return list(capacity.values()) if isinstance(capacity, dict) else []
+    def entries(device: Any, field: str) -> list[Any]:
+        """The entries of one of a device's maps or lists, those that are objects."""
+        value = device.get(field) if isinstance(device, dict) else None
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        return [item for item in items if isinstance(item, dict)]
 
-    def used(fields: tuple[str, ...], device_fields: tuple[str, ...], capacity_fields: tuple[str, ...]) -> bool:
-        return any(old_spec.get(f) is not None for f in fields) or any(
+    def used(spec_fields: tuple[str, ...], device_fields: tuple[str, ...], entry_fields: tuple[str, ...],
+             of: str) -> bool:  # fmt: skip
+        return any(old_spec.get(f) is not None for f in spec_fields) or any(
             isinstance(d, dict) and (any(d.get(f) is not None for f in device_fields) or any(
-                isinstance(c, dict) and c.get(f) is not None for c in capacities(d) for f in capacity_fields))
+                e.get(f) is not None for e in entries(d, of) for f in entry_fields))
             for d in old_spec.get("devices") or ())
 
     for gate in disabled:
         spec_fields, device_fields = _GATED_SPEC_FIELDS.get(gate, ()), _GATED_DEVICE_FIELDS.get(gate, ())
-        capacity_fields = _GATED_CAPACITY_FIELDS.get(gate, ())
-        if used(spec_fields, device_fields, capacity_fields):
+        of, entry_fields = _GATED_ENTRY_FIELDS.get(gate, ("", ()))
+        if used(spec_fields, device_fields, entry_fields, of):
             continue
         for name in spec_fields:
             spec.pop(name, None)
@@ -106,10 +124,9 @@ def drop_disabled_fields(obj: JsonObject, old: JsonObject | None, disabled: set[
             for name in device_fields:
                 if isinstance(device, dict):
                     device.pop(name, None)
-            for capacity in capacities(device):
-                for name in capacity_fields:
-                    if isinstance(capacity, dict):
-                        capacity.pop(name, None)
+            for entry in entries(device, of) if of else ():
+                for name in entry_fields:
+                    entry.pop(name, None)
 
 
 def drop_deallocated_status_devices(claim: JsonObject, old: Mapping[str, Any]) -> None:

@@ -30,6 +30,7 @@ from simulator.apiserver.apply import apply_status_devices, claim_status_written
 from simulator.apiserver.authorization import ANYONE, Caller, device_status_forbidden
 from simulator.apiserver.deviceclasses import drop_disabled_class_fields, validate_device_class
 from simulator.apiserver.objects import (
+    OFF_BY_DEFAULT,
     Key,
     allocation_errors,
     default_taint_times,
@@ -72,7 +73,8 @@ class Store:
     def __init__(self, history_size: int = 10_000, disabled_gates: Iterable[str] = (), caller: Caller = ANYONE
                  ) -> None:
         self._objects: dict[ResourceType, dict[Key, JsonObject]] = {rt: {} for rt in RESOURCES}
-        self.disabled_gates = set(disabled_gates)  # feature gates off: their ResourceSlice fields are dropped
+        # Feature gates off, those given and 1.37's alpha ones: their ResourceSlice fields are dropped.
+        self.disabled_gates = set(disabled_gates) | OFF_BY_DEFAULT
         self.caller = caller  # who writes: what the authorization of claim status writes decides on
         self._rv = 1
         self._history: deque[Change] = deque()
