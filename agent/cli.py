@@ -25,8 +25,7 @@ _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
     "driver_root", "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid",
     "metrics_address", "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
-    "claim_status",
-    "device_metadata",
+    "claim_status", "device_metadata", "allowed_configs",
 )
 
 
@@ -129,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--device-metadata", dest="device_metadata", action=argparse.BooleanOptionalAction,
                        default=None, help="give containers a device metadata file per claim request (KEP-5304), "
                                           "mounted through CDI; needs a kubelet of Kubernetes 1.34 or later (off)")
+    group.add_argument("--allowed-configs", dest="allowed_configs", metavar="NAMES",
+                       type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
+                       help="reconfigurations claims may ask for on this node, comma-separated, e.g. "
+                            "VfioConfig,GpuConfig.sharing.TimeSlicing,VfConfig.netDevice (default: none)")
     run.set_defaults(handler=run_command, output=None, command_parser=run)
 
     demo = commands.add_parser(

@@ -322,7 +322,7 @@ class Driver:
         writer = self.claim_status
         return Preparer(
             DriverDevices(self.name, self._setup.node, {r.name: r.plugin.backend for r in self._reports.values()},
-                          self._owners.get, self._unusable),
+                          self._owners.get, self._unusable, frozenset(settings.allowed_configs)),
             ClaimMemory(Checkpoint(self.checkpoint_path, self._setup.boot_id, driver=self.name,
                                    owner=self._setup.instances.id),
                         SpecStore(settings.cdi_dir, vendor(self.name), CLASS)),

@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     kubelet that calls DRA API v1 (Kubernetes 1.34 or later)."""
     backend_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-backend configuration, keyed by backend name; each backend validates its own section."""
+    allowed_configs: tuple[str, ...] = ()
+    """The reconfigurations claims may ask for on this node through their opaque parameters, by name (`VfioConfig`,
+    `GpuConfig.sharing.TimeSlicing`, `VfConfig.netDevice`, ...): a claim asking for any other fails, naming this
+    setting. None by default: each of them reaches beyond the claim's own use of its device (see
+    docs/configuration.md)."""
 
     @field_validator("node_name")
     @classmethod
@@ -164,6 +169,14 @@ class Settings(BaseSettings):
         bad = [cause for cause in v if not is_dns_label(cause)]
         if bad:
             raise ValueError(f"health causes are DNS labels such as gpu-lost or link-down, got {bad}")
+        return v
+
+    @field_validator("allowed_configs")
+    @classmethod
+    def _reconfiguration_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in v if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*", name)]
+        if bad:
+            raise ValueError(f"reconfigurations are named like VfioConfig or GpuConfig.sharing.TimeSlicing, got {bad}")
         return v
 
     @field_validator("driver_names")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from backends.base import BackendBase, DeviceEventQueue, HealthLedger, pci_events_summary
 from backends.capabilities import HasConfigModel, HasConfigTypes, Reconciles, RecordsOwnChanges
-from backends.config import BackendConfig, OpaqueConfig, parse_config
+from backends.config import BackendConfig, OpaqueConfig, Reconfiguration, parse_config
 from backends.contract import (
     Allocated,
     AttributeValue,
@@ -101,6 +101,7 @@ __all__ = [
     "PrepareError",
     "Prepared",
     "Reconciles",
+    "Reconfiguration",
     "RecordsOwnChanges",
     "SysfsError",
     "TopologyError",
