@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from agent import __version__
 from agent.logs import configure_logging, get_logger
 from agent.node.simulated import PROFILES
-from agent.settings import ENV_PREFIX, Settings, SettingsError, load_settings
+from agent.settings import ENV_PREFIX, Settings, SettingsError, resolve_settings
 
 __all__ = ["build_parser", "main"]
 
@@ -180,7 +180,7 @@ def _main(argv: Sequence[str] | None) -> int:
     flags = {key: getattr(args, key, None) for key in _SETTING_FLAGS}
     config = args.config or os.environ.get(f"{ENV_PREFIX}CONFIG")
     try:
-        settings = load_settings(flags, os.environ, Path(config) if config else None)
+        settings, origins = resolve_settings(flags, os.environ, Path(config) if config else None)
     except SettingsError as e:
         print(f"dra-agent: {e}", file=sys.stderr)
         return 2
@@ -189,6 +189,12 @@ def _main(argv: Sequence[str] | None) -> int:
     problem = unknown_backends(settings.backends)
     if problem:
         print(f"dra-agent: {problem}", file=sys.stderr)
+        return 2
+    from agent.node.plugin_settings import plugin_settings_problems  # loads backends only when there is a check
+
+    problems = plugin_settings_problems(settings, origins)
+    if problems:
+        print("dra-agent: invalid settings:\n" + "\n".join(problems), file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
     handler: Command = args.handler

@@ -30,7 +30,7 @@ from pydantic_settings import (
 
 from agent.kube.names import is_dns_label, is_driver_name, is_node_name
 
-__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings"]
+__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings", "resolve_settings"]
 
 ENV_PREFIX = "DRA_AGENT_"
 
@@ -222,6 +222,16 @@ def load_settings(
     config_file: Path | None = None,
 ) -> Settings:
     """Resolve settings. `flags` holds only the flags the user gave (None values are ignored)."""
+    return resolve_settings(flags, environ, config_file)[0]
+
+
+def resolve_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_file: Path | None = None,
+) -> tuple[Settings, dict[str, str]]:
+    """`load_settings`, and where each setting that was given came from (setting → `config file F`, `environment
+    V` or `flag --f`), for the checks that need the installed backends (agent/node/plugin_settings.py)."""
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
     if config_file is not None:
@@ -234,7 +244,7 @@ def load_settings(
         if value is not None:
             values[key], origin[key] = value, f"flag --{key.replace('_', '-')}"
     try:
-        return Settings(**values)
+        return Settings(**values), origin
     except ValidationError as e:
         lines = ["invalid settings:"]
         for err in e.errors():
