@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from agent import __version__
 from agent.logs import configure_logging, get_logger
 from agent.node.simulated import PROFILES
-from agent.settings import ENV_PREFIX, Settings, SettingsError, resolve_settings
+from agent.settings import ENV_PREFIX, Settings, SettingsError, resolve_settings, unknown_environment
 
 __all__ = ["build_parser", "main"]
 
@@ -197,6 +197,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print("dra-agent: invalid settings:\n" + "\n".join(problems), file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    for variable, close in unknown_environment(os.environ):
+        get_logger("settings").warning("environment variable ignored: no setting has this name",
+                                       variable=variable, did_you_mean=close)
     handler: Command = args.handler
     try:
         return asyncio.run(handler(settings, args.output, sys.stdout, sys.stderr))

@@ -10,6 +10,7 @@ an error can name the source of each value. A `Settings` made in code reads noth
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -30,12 +31,17 @@ from pydantic_settings import (
 
 from agent.kube.names import is_dns_label, is_driver_name, is_node_name
 
-__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings", "resolve_settings"]
+__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings", "resolve_settings",
+           "unknown_environment"]
 
 ENV_PREFIX = "DRA_AGENT_"
 
 # Settings that also answer to a conventional variable; the DRA_AGENT_ spelling wins when both are set.
 _CONVENTIONAL_ENV = {"node_name": "NODE_NAME", "kubeconfig": "KUBECONFIG"}
+
+# DRA_AGENT_ variables that are no setting: the config file's path, the failure points of crash tests, and the
+# time factor of a simulated node's waits (`--simulate`).
+_OTHER_ENV = frozenset({f"{ENV_PREFIX}CONFIG", f"{ENV_PREFIX}FAILPOINTS", f"{ENV_PREFIX}TEST_TIME_FACTOR"})
 
 class SettingsError(Exception):
     """The settings are invalid; the message lists every problem with its source."""
@@ -256,6 +262,18 @@ def resolve_settings(
                 detail = f"unknown setting; known settings: {', '.join(Settings.model_fields)}"
             lines.append(f"  {key}{shown} (from {where}): {detail}")
         raise SettingsError("\n".join(lines)) from None
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The DRA_AGENT_ variables that name no setting (a misspelling is otherwise ignored without a word), each with
+    the setting's variable it most resembles, if one does."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    found = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known and name not in _OTHER_ENV:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+            found.append((name, close[0] if close else None))
+    return found
 
 
 class _Environment(EnvSettingsSource):

@@ -110,3 +110,16 @@ def test_a_reconfiguration_of_a_backend_left_out_is_accepted(run_cli: Callable[.
     done = run_cli("discover", "--simulate", "gke-g2-l4", "--backends", "tpu", "-o", "json")
     assert done.code == 0, done.err
 
+
+def test_a_misspelt_variable_is_named_in_a_warning(run_cli: Callable[..., CliResult],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_AGENT_LOGLEVEL", "debug")
+    monkeypatch.setenv("DRA_AGENT_HOST_NET_NS", "off")
+    monkeypatch.setenv("DRA_AGENT_CONFIG", "")  # the config file's variable is no setting, and no mistake
+    done = run_cli("discover", "--simulate", "gke-g2-l4", "-o", "json", "--log-format", "json")
+    assert done.code == 0, done.err
+    warnings = [json.loads(line) for line in done.err.splitlines() if "environment variable ignored" in line]
+    assert [(w["variable"], w["did_you_mean"], w["level"]) for w in warnings] == [
+        ("DRA_AGENT_HOST_NET_NS", "DRA_AGENT_HOST_NETNS", "warning"),
+        ("DRA_AGENT_LOGLEVEL", "DRA_AGENT_LOG_LEVEL", "warning"),
+    ]
