@@ -112,7 +112,7 @@ def agent_drivers() -> set[str]:
 
 def test_the_base_lists_every_manifest() -> None:
     listed = [path.name for path in _base_files()]
-    assert {"00-namespace.yaml", "10-rbac.yaml", "20-daemonset.yaml",
+    assert {"00-namespace.yaml", "05-critical-pods-quota.yaml", "10-rbac.yaml", "20-daemonset.yaml",
             "25-metrics-service.yaml", "30-deviceclasses.yaml", "40-admission-policy.yaml",
             "45-reconfiguration-namespaces.yaml"} <= set(listed)
     # A manifest left out of the kustomization would never be applied (the settings file is a ConfigMap's data).

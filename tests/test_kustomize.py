@@ -187,6 +187,21 @@ def test_a_settings_overlay_changes_the_file_and_so_the_daemonset(rendered: dict
     assert expected[overlay](settings), settings
 
 
+def test_the_critical_pods_quota_admits_the_daemonsets_pods(rendered: dict[Path, dict[Key, Doc]]) -> None:
+    """Where the API server lets pods of system-node-critical only into namespaces with a covering quota (GKE),
+    the base's quota is one: same namespace, a scope that selects the pods' priority class, room for every node."""
+    base = rendered[BASE]
+    daemonset, quota = _only(base, "DaemonSet"), _only(base, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    priority_class = daemonset["spec"]["template"]["spec"]["priorityClassName"]
+    assert priority_class == "system-node-critical"
+    (expression,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert expression["scopeName"] == "PriorityClass" and expression["operator"] == "In"
+    assert priority_class in expression["values"]
+    assert set(quota["spec"]["hard"]) == {"pods"}, "it limits nothing but the number of pods"
+    assert int(quota["spec"]["hard"]["pods"]) >= 2 * 5000, "the largest cluster upstream supports, in an update"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # What each overlay changes
 
