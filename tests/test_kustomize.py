@@ -365,3 +365,24 @@ def test_the_documented_combination_renders(tmp_path: Path) -> None:
     for doc in objects.values():
         if (doc["apiVersion"], doc["kind"]) not in CUSTOM_KINDS:
             kubernetes_validate.validate(doc, "1.37", strict=True)
+
+
+def test_the_documented_settings_of_your_own_render_and_are_taken(tmp_path: Path) -> None:
+    """docs/deploy.md's own settings file, in a kustomization on the base: the DaemonSet mounts it, and the agent
+    takes every setting in it."""
+    text = (ROOT / "docs/deploy.md").read_text()
+    files = {name: body for body, name in
+             re.findall(r"^```yaml\n(# my-settings/([\w.-]+)[^\n]*\n.*?)^```$", text, re.M | re.S)}
+    assert set(files) == {"kustomization.yaml", "config.yaml"}, set(files)
+    kustomization = yaml.safe_load(files["kustomization.yaml"])
+    assert kustomization["bases"] == ["../dra-agent/deploy/base"]
+    kustomization["bases"] = [os.path.relpath(BASE, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    (tmp_path / "config.yaml").write_text(files["config.yaml"])
+    objects = {_key(doc): doc for doc in _render(tmp_path)}
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    settings, origins = _settings_file(objects, mounted)
+    assert plugin_settings_problems(settings, origins) == []
+    assert settings.backend_config["nvidia-mig"] == {"mode": "dynamic"}
+    assert settings.allowed_configs == ("VfioConfig",)
