@@ -72,7 +72,7 @@ def test_every_option_of_every_command_is_in_the_docs() -> None:
 def exists(name: str) -> bool:
     """A file or folder of the repository, or a name in a module (`tests/agent_env.agent_in_process`)."""
     module, dot, _ = name.partition(".")
-    return (ROOT / name).exists() or bool(dot) and (ROOT / f"{module}.py").exists()
+    return (ROOT / name).exists() or (bool(dot) and (ROOT / f"{module}.py").exists())
 
 
 @pytest.mark.parametrize("doc", [*DOCS, ROOT / "README.md"], ids=lambda p: p.name)
