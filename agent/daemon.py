@@ -202,6 +202,7 @@ def log_start(settings: Settings, host: Host, node: str) -> None:
         claim_status=settings.claim_status, device_metadata=settings.device_metadata,
         reap_interval=settings.reap_interval, reap_grace=settings.reap_grace,
         driver_names=settings.driver_names or None, backend_config=sorted(settings.backend_config) or None,
+        allowed_configs=",".join(settings.allowed_configs) or "none",
     )
 
 

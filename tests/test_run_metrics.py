@@ -95,4 +95,5 @@ async def test_start_line_process_metrics_and_the_documented_names(scratch: Path
         assert start[directory] == str(getattr(settings, directory))
     assert start["metrics_address"] == address
     assert start["claim_status"] is True and start["health_timeout"] == 30
+    assert start["allowed_configs"] == ",".join(settings.allowed_configs), "what claims may ask this node for"
     assert lines.index(start) < [line.get("event") for line in lines].index("ready")
