@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from agent import __version__
 from agent.logs import configure_logging, get_logger
 from agent.node.simulated import PROFILES
-from agent.settings import ENV_PREFIX, Settings, SettingsError, load_settings
+from agent.settings import ENV_PREFIX, Settings, SettingsError, resolve_settings, unknown_environment
 
 __all__ = ["build_parser", "main"]
 
@@ -25,8 +25,7 @@ _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
     "driver_root", "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid",
     "metrics_address", "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
-    "claim_status",
-    "device_metadata",
+    "claim_status", "device_metadata", "allowed_configs",
 )
 
 
@@ -129,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--device-metadata", dest="device_metadata", action=argparse.BooleanOptionalAction,
                        default=None, help="give containers a device metadata file per claim request (KEP-5304), "
                                           "mounted through CDI; needs a kubelet of Kubernetes 1.34 or later (off)")
+    group.add_argument("--allowed-configs", dest="allowed_configs", metavar="NAMES",
+                       type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
+                       help="reconfigurations claims may ask for on this node, comma-separated, e.g. "
+                            "VfioConfig,GpuConfig.sharing.TimeSlicing,VfConfig.netDevice (default: none)")
     run.set_defaults(handler=run_command, output=None, command_parser=run)
 
     demo = commands.add_parser(
@@ -177,7 +180,7 @@ def _main(argv: Sequence[str] | None) -> int:
     flags = {key: getattr(args, key, None) for key in _SETTING_FLAGS}
     config = args.config or os.environ.get(f"{ENV_PREFIX}CONFIG")
     try:
-        settings = load_settings(flags, os.environ, Path(config) if config else None)
+        settings, origins = resolve_settings(flags, os.environ, Path(config) if config else None)
     except SettingsError as e:
         print(f"dra-agent: {e}", file=sys.stderr)
         return 2
@@ -187,7 +190,16 @@ def _main(argv: Sequence[str] | None) -> int:
     if problem:
         print(f"dra-agent: {problem}", file=sys.stderr)
         return 2
+    from agent.node.plugin_settings import plugin_settings_problems  # loads backends only when there is a check
+
+    problems = plugin_settings_problems(settings, origins)
+    if problems:
+        print("dra-agent: invalid settings:\n" + "\n".join(problems), file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
+    for variable, close in unknown_environment(os.environ):
+        get_logger("settings").warning("environment variable ignored: no setting has this name",
+                                       variable=variable, did_you_mean=close)
     handler: Command = args.handler
     try:
         return asyncio.run(handler(settings, args.output, sys.stdout, sys.stderr))

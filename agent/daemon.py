@@ -14,6 +14,7 @@ import asyncio
 import gc
 import os
 import signal
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -28,13 +29,15 @@ from agent.logs import get_logger
 from agent.metrics import Metrics, MetricsServer
 from agent.node.host import Host, HostError, open_host, resolve_node_name
 from agent.node.host_netns import resolve_host_netns, sysfs_netdevs_problem
-from agent.node.inventory import BackendReport, stop_all, survey
+from agent.node.inventory import BackendReport, NotRunning, Survey, stop_all, survey
 from agent.node.link_monitor import LinkMonitor, open_link_monitor
 from agent.node.plugins import LoadedPlugin
 from agent.node.udev import UdevMonitor, open_udev_monitor
 from agent.notify import Notifier
 from agent.settings import Settings
 from agent.slices.publisher import Publisher
+from agent.unexpected import unexpected
+from backends.capabilities import ListsHardware
 
 __all__ = ["Agent", "log_start", "open_kernel_events", "run"]
 
@@ -61,6 +64,7 @@ class Agent:
         self._udev: UdevMonitor | None = None
         self._links: LinkMonitor | None = None
         self.instances = Instances(settings.state_dir)
+        self._not_running: list[tuple[NotRunning, int]] = []  # with how much of its hardware is known
         self._started = False
         self._announced = False
         self._log = get_logger("agent").bind(node=self.node)
@@ -72,8 +76,9 @@ class Agent:
         return self._started and all(d.published.is_set() for d in self.drivers.values() if d.active)
 
     def not_ready(self) -> list[str]:
-        """Why /readyz fails, one reason each: start-up not done, or hardware a backend cannot serve (which an
-        operator must see: the node has devices and the agent publishes none of them)."""
+        """Why /readyz fails, one reason each: start-up not done, hardware a backend cannot serve, or a backend that
+        does not run at all (which an operator must see: the node has devices and the agent publishes none of
+        them)."""
         reasons: list[str] = []
         if not self._started:
             reasons.append("starting")
@@ -81,6 +86,9 @@ class Agent:
                        if d.active and not d.published.is_set())
         for driver in self.drivers.values():
             reasons.extend(driver.unserved())
+        for item, count in self._not_running:
+            reasons.append(f"backend {item.name}{f' ({item.driver})' if item.driver else ''} is not running, "
+                           f"{count} device(s) of it not served: {item.reason}")
         return reasons
 
     async def start(self) -> None:
@@ -99,6 +107,7 @@ class Agent:
         found = await survey(self.settings, self.host, udev=self._udev, registry=self.metrics.registry,
                              links=self._links, state_root=self.settings.state_dir / "backends")
         self._plugins = found.started
+        await self._count_not_running(found)
         setup = DriverSetup(self.settings, self.node, self.kube, self.publisher, self.metrics,
                             read_boot_id(_proc(self.host)), self.instances, self.events)
         by_driver: dict[str, list[BackendReport]] = {}
@@ -120,6 +129,27 @@ class Agent:
         if not any(d.active for d in self.drivers.values()):
             self._log.warning("no devices to serve on this node")
         self._announce_if_ready()
+
+    async def _count_not_running(self, found: Survey) -> None:
+        """Every driver's published-devices series from the start (0 until its slices say otherwise), so that "a
+        node publishing nothing" can be asked; and, for each backend that cannot run, the hardware it would serve
+        counted as unserved."""
+        for plugin in found.loaded:
+            driver = self.settings.driver_name(plugin.backend.driver)
+            self.metrics.published_devices.labels(driver).set(0)
+            self.metrics.published_slices.labels(driver).set(0)
+        for item in found.not_running(self.settings.driver_name):
+            hardware: Sequence[str] = ()
+            if isinstance(item.backend, ListsHardware):
+                try:
+                    hardware = await asyncio.to_thread(item.backend.hardware, self.host.sysfs_root)
+                except Exception as e:  # a third-party bug: the backend is reported all the same
+                    self._log.warning("cannot list a backend's hardware", backend=item.name, error=unexpected(e))
+            self._not_running.append((item, len(hardware)))
+            self._log.error("backend not running: its hardware is not served", backend=item.name,
+                            driver=item.driver, devices=list(hardware), reason=item.reason)
+            if item.driver is not None:
+                self.metrics.unserved_devices.labels(item.driver, item.name).set(len(hardware))
 
     async def _announce_when_published(self, driver: Driver) -> None:
         await driver.published.wait()
@@ -172,6 +202,7 @@ def log_start(settings: Settings, host: Host, node: str) -> None:
         claim_status=settings.claim_status, device_metadata=settings.device_metadata,
         reap_interval=settings.reap_interval, reap_grace=settings.reap_grace,
         driver_names=settings.driver_names or None, backend_config=sorted(settings.backend_config) or None,
+        allowed_configs=",".join(settings.allowed_configs) or "none",
     )
 
 

@@ -106,9 +106,10 @@ class Driver:
         return list(lines)
 
     def _count_unserved(self, report: BackendReport) -> None:
-        unserved = report.inventory.unserved if report.inventory else ()
+        if report.inventory is None:
+            return  # a backend whose discovery failed is not running: the agent counts its hardware
         self._setup.metrics.unserved_devices.labels(self.name, report.name).set(
-            sum(len(u.devices) for u in unserved))
+            sum(len(u.devices) for u in report.inventory.unserved))
 
     async def start(self) -> None:
         """Serve and publish if there is anything to offer or to clean up; follow the backends either way."""
@@ -322,7 +323,7 @@ class Driver:
         writer = self.claim_status
         return Preparer(
             DriverDevices(self.name, self._setup.node, {r.name: r.plugin.backend for r in self._reports.values()},
-                          self._owners.get, self._unusable),
+                          self._owners.get, self._unusable, frozenset(settings.allowed_configs)),
             ClaimMemory(Checkpoint(self.checkpoint_path, self._setup.boot_id, driver=self.name,
                                    owner=self._setup.instances.id),
                         SpecStore(settings.cdi_dir, vendor(self.name), CLASS)),

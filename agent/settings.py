@@ -10,6 +10,7 @@ an error can name the source of each value. A `Settings` made in code reads noth
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -30,12 +31,17 @@ from pydantic_settings import (
 
 from agent.kube.names import is_dns_label, is_driver_name, is_node_name
 
-__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings"]
+__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "lies_under", "load_settings", "resolve_settings",
+           "unknown_environment"]
 
 ENV_PREFIX = "DRA_AGENT_"
 
 # Settings that also answer to a conventional variable; the DRA_AGENT_ spelling wins when both are set.
 _CONVENTIONAL_ENV = {"node_name": "NODE_NAME", "kubeconfig": "KUBECONFIG"}
+
+# DRA_AGENT_ variables that are no setting: the config file's path, the failure points of crash tests, and the
+# time factor of a simulated node's waits (`--simulate`).
+_OTHER_ENV = frozenset({f"{ENV_PREFIX}CONFIG", f"{ENV_PREFIX}FAILPOINTS", f"{ENV_PREFIX}TEST_TIME_FACTOR"})
 
 class SettingsError(Exception):
     """The settings are invalid; the message lists every problem with its source."""
@@ -104,6 +110,11 @@ class Settings(BaseSettings):
     kubelet that calls DRA API v1 (Kubernetes 1.34 or later)."""
     backend_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-backend configuration, keyed by backend name; each backend validates its own section."""
+    allowed_configs: tuple[str, ...] = ()
+    """The reconfigurations claims may ask for on this node through their opaque parameters, by name (`VfioConfig`,
+    `GpuConfig.sharing.TimeSlicing`, `VfConfig.netDevice`, ...): a claim asking for any other fails, naming this
+    setting. None by default: each of them reaches beyond the claim's own use of its device (see
+    docs/configuration.md)."""
 
     @field_validator("node_name")
     @classmethod
@@ -166,6 +177,14 @@ class Settings(BaseSettings):
             raise ValueError(f"health causes are DNS labels such as gpu-lost or link-down, got {bad}")
         return v
 
+    @field_validator("allowed_configs")
+    @classmethod
+    def _reconfiguration_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in v if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*", name)]
+        if bad:
+            raise ValueError(f"reconfigurations are named like VfioConfig or GpuConfig.sharing.TimeSlicing, got {bad}")
+        return v
+
     @field_validator("driver_names")
     @classmethod
     def _driver_names(cls, v: dict[str, str]) -> dict[str, str]:
@@ -209,6 +228,16 @@ def load_settings(
     config_file: Path | None = None,
 ) -> Settings:
     """Resolve settings. `flags` holds only the flags the user gave (None values are ignored)."""
+    return resolve_settings(flags, environ, config_file)[0]
+
+
+def resolve_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_file: Path | None = None,
+) -> tuple[Settings, dict[str, str]]:
+    """`load_settings`, and where each setting that was given came from (setting → `config file F`, `environment
+    V` or `flag --f`), for the checks that need the installed backends (agent/node/plugin_settings.py)."""
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
     if config_file is not None:
@@ -221,7 +250,7 @@ def load_settings(
         if value is not None:
             values[key], origin[key] = value, f"flag --{key.replace('_', '-')}"
     try:
-        return Settings(**values)
+        return Settings(**values), origin
     except ValidationError as e:
         lines = ["invalid settings:"]
         for err in e.errors():
@@ -233,6 +262,18 @@ def load_settings(
                 detail = f"unknown setting; known settings: {', '.join(Settings.model_fields)}"
             lines.append(f"  {key}{shown} (from {where}): {detail}")
         raise SettingsError("\n".join(lines)) from None
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The DRA_AGENT_ variables that name no setting (a misspelling is otherwise ignored without a word), each with
+    the setting's variable it most resembles, if one does."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    found = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known and name not in _OTHER_ENV:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+            found.append((name, close[0] if close else None))
+    return found
 
 
 class _Environment(EnvSettingsSource):

@@ -3,8 +3,9 @@
 
 `Backend` holds what every backend has. A backend may have more, and the agent uses it when it is there:
 `reconcile` (`Reconciles`), the `records_own_changes` declaration (`RecordsOwnChanges`, whose value must be True:
-see `records_own_changes`), the opaque claim parameters it accepts (`HasConfigTypes`) and its settings' model
-(`HasConfigModel`, which the conformance kit and `dra-agent backends --check` require).
+see `records_own_changes`), the opaque claim parameters it accepts (`HasConfigTypes`), its settings' model
+(`HasConfigModel`, which the conformance kit and `dra-agent backends --check` require), and the hardware it would
+serve, found without running (`ListsHardware`).
 
 These protocols are `runtime_checkable`: `isinstance` checks that the members are there, not their types or
 values. A check that depends on a value reads it after the `isinstance`.
@@ -13,11 +14,13 @@ values. A check that depends on a value reads it after the `isinstance`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from backends.config import BackendConfig, OpaqueConfig
 
-__all__ = ["HasConfigModel", "HasConfigTypes", "Reconciles", "RecordsOwnChanges", "records_own_changes"]
+__all__ = ["HasConfigModel", "HasConfigTypes", "ListsHardware", "Reconciles", "RecordsOwnChanges",
+           "records_own_changes"]
 
 
 @runtime_checkable
@@ -61,6 +64,17 @@ class HasConfigModel(Protocol):
     """A backend whose settings (its `backend_config` section) are a pydantic model, validated at start."""
 
     config_model: type[BackendConfig]
+
+
+@runtime_checkable
+class ListsHardware(Protocol):
+    """A backend that can tell which hardware of the node it would serve without being started: a look at sysfs
+    only, no vendor library. When the backend cannot run (its start or its discovery failed), the agent counts
+    that hardware as unserved (`dra_agent_unserved_devices`)."""
+
+    def hardware(self, sysfs_root: Path) -> Sequence[str]:
+        """The PCI addresses (or other names) of the hardware, each once; blocking (call off the event loop),
+        and never raising: what cannot be read is left out."""
 
 
 def records_own_changes(backend: object) -> bool:

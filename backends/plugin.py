@@ -17,8 +17,8 @@ The built-in backends import the modules behind this one directly.
 from __future__ import annotations
 
 from backends.base import BackendBase, DeviceEventQueue, HealthLedger, pci_events_summary
-from backends.capabilities import HasConfigModel, HasConfigTypes, Reconciles, RecordsOwnChanges
-from backends.config import BackendConfig, OpaqueConfig, parse_config
+from backends.capabilities import HasConfigModel, HasConfigTypes, ListsHardware, Reconciles, RecordsOwnChanges
+from backends.config import BackendConfig, OpaqueConfig, Reconfiguration, parse_config
 from backends.contract import (
     Allocated,
     AttributeValue,
@@ -93,6 +93,7 @@ __all__ = [
     "Inventory",
     "Journal",
     "LinkEvents",
+    "ListsHardware",
     "Mount",
     "NetDevice",
     "NetworkData",
@@ -101,6 +102,7 @@ __all__ = [
     "PrepareError",
     "Prepared",
     "Reconciles",
+    "Reconfiguration",
     "RecordsOwnChanges",
     "SysfsError",
     "TopologyError",

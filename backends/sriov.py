@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict, Field
@@ -90,6 +91,13 @@ class SriovNicBackend(PassthroughBackend):
         # PFs without VFs get theirs now, before the first discovery: no VF of theirs can be in use. Changing a
         # PF that has VFs waits for `reconcile`, which knows which VFs claims hold.
         await asyncio.to_thread(self._apply_counts, set(), True)
+
+    def hardware(self, sysfs_root: Path) -> Sequence[str]:
+        """The VFs of the node's SR-IOV network adapters, from sysfs alone (`ListsHardware`)."""
+        try:
+            return [vf for pf in physical_functions(sysfs_root) for vf in pf.vfs]
+        except SysfsError:
+            return []
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
         # VFs left on vfio-pci for claims no longer held go back first: they are free again.

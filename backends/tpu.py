@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.base import BackendBase, DeviceEventQueue, HealthLedger, pci_events_summary
@@ -124,21 +125,17 @@ class TpuBackend(BackendBase):
             self._events.wake()  # chips may have come or gone: check their nodes again
         return inventory
 
+    def hardware(self, sysfs_root: Path) -> Sequence[str]:
+        """The node's TPU chips, from sysfs alone (`ListsHardware`)."""
+        try:
+            return [bus_id for bus_id, _ in _chips(sysfs_root, [])]
+        except SysfsError:
+            return []
+
     def _discover(self) -> Inventory:
         warnings: list[str] = []
-        chips: list[tuple[str, str]] = []
         try:
-            for bus_id in list_pci_devices(self.ctx.sysfs_root):
-                folder = self.ctx.topology.device_folder(bus_id)
-                try:
-                    if read_hex(f"{folder}/vendor") != GOOGLE:
-                        continue
-                    generation = TPU_GENERATIONS.get(read_hex(f"{folder}/device") or -1)
-                except SysfsError as e:
-                    warnings.append(f"PCI device {bus_id}: {e}")
-                    continue
-                if generation is not None:  # other Google functions (e.g. gVNIC) are not ours
-                    chips.append((bus_id, generation))
+            chips = _chips(self.ctx.sysfs_root, warnings)
         except SysfsError as e:
             return Inventory(warnings=(str(e),))
         devices: list[Device] = []
@@ -167,6 +164,23 @@ class TpuBackend(BackendBase):
             ))
         self._chips = chips_now
         return Inventory(devices=tuple(devices), warnings=tuple(warnings))
+
+
+def _chips(sysfs_root: Path, warnings: list[str]) -> list[tuple[str, str]]:
+    """(PCI address, generation) of every TPU chip; a function that cannot be read is a warning. Blocking."""
+    chips: list[tuple[str, str]] = []
+    for bus_id in list_pci_devices(sysfs_root):
+        folder = f"{sysfs_root}/bus/pci/devices/{bus_id}"  # strings: see TopologyReader.device_folder
+        try:
+            if read_hex(f"{folder}/vendor") != GOOGLE:
+                continue
+            generation = TPU_GENERATIONS.get(read_hex(f"{folder}/device") or -1)
+        except SysfsError as e:
+            warnings.append(f"PCI device {bus_id}: {e}")
+            continue
+        if generation is not None:  # other Google functions (e.g. gVNIC) are not ours
+            chips.append((bus_id, generation))
+    return chips
 
 
 def _node(chip: _Chip) -> DeviceNode:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from backends.config import CONFIG_API_VERSION, OpaqueConfig
+from backends.config import CONFIG_API_VERSION, OpaqueConfig, Reconfiguration
 from backends.vfio import VfioConfig
 from cdi.interface_names import IFNAMSIZ, KERNEL_WHITESPACE, kernel_name_problem
 
@@ -98,6 +98,10 @@ class VfConfig(OpaqueConfig):
 
     API_VERSION: ClassVar[str] = CONFIG_API_VERSION
     KIND: ClassVar[str] = "VfConfig"
+    RECONFIGURATIONS: ClassVar[tuple[Reconfiguration, ...]] = (
+        Reconfiguration("VfConfig.netDevice", ("netDevice",),
+                        what="moves the VF's network interface from the host into the pod"),
+    )
 
     net_device: NetDeviceRequest | None = Field(default=None, alias="netDevice")
 

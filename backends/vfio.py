@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from backends.base import BackendBase
-from backends.config import CONFIG_API_VERSION, OpaqueConfig
+from backends.config import CONFIG_API_VERSION, OpaqueConfig, Reconfiguration
 from backends.contract import Allocated, BackendContext, Prepared, PrepareError
 from backends.failpoints import failpoint
 from backends.host_net import read_host_network
@@ -51,6 +51,9 @@ class VfioConfig(OpaqueConfig):
 
     API_VERSION: ClassVar[str] = CONFIG_API_VERSION
     KIND: ClassVar[str] = "VfioConfig"
+    RECONFIGURATIONS: ClassVar[tuple[Reconfiguration, ...]] = (
+        Reconfiguration("VfioConfig", what="binds the device's whole IOMMU group to vfio-pci for the claim"),
+    )
 
 
 def wants_passthrough(allocated: Allocated) -> bool:

@@ -59,6 +59,8 @@ class ControlPlane:
     binaries: Path
     with_kubelet: bool = False
     verbosity: int = 1
+    apiserver_args: Sequence[str] = ()
+    """More kube-apiserver flags, after the ones it is always started with (e.g. an admission configuration)."""
     components: list[Component] = field(default_factory=list)
     api_port: int = 0
     pki: Pki | None = None
@@ -152,6 +154,7 @@ class ControlPlane:
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={logs / 'kube-apiserver-audit.log'}",
             "--audit-log-mode=blocking",
             "--profiling=false",
+            *self.apiserver_args,
         ])
         admin = pki.clients["admin"]
         apiserver.wait_ready(f"{self.server}/readyz", timeout=timeout, ca=pki.server_ca.cert,

@@ -1,7 +1,8 @@
 """Opaque parameters for the agent's drivers: chosen to cover each rule of the admission policy once, valid and
 invalid, with the field each invalid one names; generated (valid ones, and ones mutated by unknown fields, wrong
-types, values out of range and unknown types); and the claim or template that carries them. Shared by the
-policy's test with cel-python and by the real API server's test of the same policy."""
+types, values out of range and unknown types); and the claim or template that carries them. Also the reconfiguration
+policy's cases: parameters with the ConfigMap that lists the namespaces allowed each reconfiguration. Shared by the
+policies' tests with cel-python and by the real API server's tests of the same policies."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from hypothesis import strategies as st
 
 from backends.config import CONFIG_API_VERSION
 
-__all__ = ["CHOSEN", "GPU", "SRIOV", "TPU", "VFIO", "claim", "gpu", "mutated", "valid_parameters", "vf"]
+__all__ = ["CHOSEN", "GPU", "RECONFIGURATION_CASES", "SRIOV", "TPU", "VFIO", "allowed_in", "claim", "config_map_data",
+           "gpu", "mutated", "valid_parameters", "vf"]
 
 GPU, SRIOV, TPU = "gpu.nvidia.com", "sriov.dra-agent.io", "tpu.google.com"
 
 
-def claim(driver: str, parameters: Any, template: bool = False) -> dict[str, Any]:
+def claim(driver: str, parameters: Any, template: bool = False, namespace: str = "default") -> dict[str, Any]:
     """A ResourceClaim (or a ResourceClaimTemplate) with one opaque configuration entry, and another driver's."""
     devices = {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}], "config": [
         {"opaque": {"driver": "other.example.com", "parameters": {"anything": [1, "goes"]}}},
@@ -25,9 +27,9 @@ def claim(driver: str, parameters: Any, template: bool = False) -> dict[str, Any
     ]}
     if template:
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": "t", "namespace": "default"}, "spec": {"spec": {"devices": devices}}}
+                "metadata": {"name": "t", "namespace": namespace}, "spec": {"spec": {"devices": devices}}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": devices}}
+            "metadata": {"name": "c", "namespace": namespace}, "spec": {"devices": devices}}
 
 
 def gpu(**fields: Any) -> dict[str, Any]:
@@ -153,3 +155,41 @@ def mutated(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         elif how == "driver":
             driver = draw(st.sampled_from([GPU, SRIOV, TPU]))
     return driver, params
+
+
+# The reconfiguration policy: who may ask for what
+
+RECONFIGURATION_CASES: list[tuple[str, Any, dict[str, str], str | None]] = [
+    # (driver, parameters, the ConfigMap's data, the reconfiguration refused in namespace "vms"; None: admitted)
+    (GPU, VFIO, {}, "VfioConfig"),
+    (GPU, VFIO, {"VfioConfig": "vms"}, None),
+    (SRIOV, VFIO, {"VfioConfig": "kubevirt, vms ,dpdk"}, None),
+    (GPU, VFIO, {"VfioConfig": "vms-2,kubevirt"}, "VfioConfig"),
+    (GPU, VFIO, {"VfioConfig": "*"}, None),
+    (GPU, VFIO, {"VfioConfig": ""}, "VfioConfig"),
+    (GPU, VFIO, {"vfioconfig": "vms"}, "VfioConfig"),
+    (GPU, gpu(), {}, None),
+    (GPU, gpu(driverCapabilities=["compute", "video"], sharing=None), {}, None),
+    (GPU, gpu(sharing={"strategy": "TimeSlicing"}), {"VfioConfig": "*"}, "GpuConfig.sharing.TimeSlicing"),
+    (GPU, gpu(sharing={"strategy": "TimeSlicing"}), {"GpuConfig.sharing.TimeSlicing": "vms"}, None),
+    (GPU, gpu(sharing={"strategy": "ExclusiveProcess"}), {"GpuConfig.sharing.TimeSlicing": "*"},
+     "GpuConfig.sharing.ExclusiveProcess"),
+    (SRIOV, vf(), {}, None),
+    (SRIOV, vf(netDevice=None), {}, None),
+    (SRIOV, vf(netDevice={"name": "net1"}), {}, "VfConfig.netDevice"),
+    (SRIOV, vf(netDevice={"name": "net1"}), {"VfConfig.netDevice": "*"}, None),
+    # Another driver's parameters are not the agent's to judge.
+    ("other.example.com", VFIO, {}, None),
+]
+
+
+def allowed_in(data: dict[str, str], namespace: str) -> set[str]:
+    """The reconfigurations the ConfigMap's data allows in `namespace`, read as the policy is documented to read it."""
+    return {name for name, value in data.items()
+            if any(n.strip() in (namespace, "*") for n in value.split(","))}
+
+
+reconfiguration_names = st.sampled_from(["VfioConfig", "GpuConfig.sharing.TimeSlicing",
+                                         "GpuConfig.sharing.ExclusiveProcess", "VfConfig.netDevice"])
+namespace_lists = st.lists(st.sampled_from(["vms", "team-a", "*", " vms ", "", "vms2"]), max_size=3).map(",".join)
+config_map_data = st.dictionaries(reconfiguration_names, namespace_lists, max_size=4)

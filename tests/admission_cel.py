@@ -1,7 +1,8 @@
-"""A ValidatingAdmissionPolicy evaluated with cel-python as the API server evaluates it on a CREATE: `object` and
-`request.kind` (from the object's apiVersion and kind), its variables in order (`variables.<name>`), then each
-validation; a failing one gives its `messageExpression` (or, when that fails,
-its `message`). An expression that fails to evaluate fails its validation, as with `failurePolicy: Fail`."""
+"""A ValidatingAdmissionPolicy evaluated with cel-python as the API server evaluates it on a CREATE: `object`,
+`request.kind` (from the object's apiVersion and kind), `request.namespace` and `params` (the binding's parameter
+object, for a policy with `paramKind`), its variables in order (`variables.<name>`), then each validation; a failing
+one gives its `messageExpression` (or, when that fails, its `message`). An expression that fails to evaluate fails
+its validation, as with `failurePolicy: Fail`."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ __all__ = ["Evaluation", "evaluate"]
 _ENV = celpy.Environment()
 
 
-# The Kubernetes CEL library's list functions the policy uses (k8s.io/apiserver/pkg/cel/library/lists.go).
-_KUBERNETES_FUNCTIONS = {"min": lambda items: min(items)}
+# The Kubernetes CEL library's functions the policies use: `min` of lists (k8s.io/apiserver/pkg/cel/library/lists.go),
+# `split` and `trim` of strings (cel-go's strings extension, which Kubernetes' CEL environment includes).
+_KUBERNETES_FUNCTIONS = {
+    "min": lambda items: min(items),
+    "split": lambda text, separator: celtypes.ListType([celtypes.StringType(s) for s in text.split(separator)]),
+    "trim": lambda text: celtypes.StringType(text.strip(" \t\n\r\f\v")),
+}
 
 
 @functools.cache
@@ -42,13 +48,18 @@ class Evaluation:
         return not self.messages
 
 
-def evaluate(policy: Mapping[str, Any], obj: Mapping[str, Any]) -> Evaluation:
+def evaluate(policy: Mapping[str, Any], obj: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> Evaluation:
     spec = policy["spec"]
     variables: dict[str, Any] = {}
     group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    request = {"kind": {"group": group, "version": version, "kind": obj.get("kind", "")}, "operation": "CREATE"}
+    namespace = obj.get("metadata", {}).get("namespace", "")
+    request = {"kind": {"group": group, "version": version, "kind": obj.get("kind", "")}, "operation": "CREATE",
+               "namespace": namespace}
     activation: dict[str, Any] = {"object": celpy.json_to_cel(dict(obj)), "request": celpy.json_to_cel(request),
                                   "variables": celtypes.MapType()}
+    if "paramKind" in spec:
+        assert params is not None, "a policy with paramKind is evaluated with its parameter object"
+        activation["params"] = celpy.json_to_cel(dict(params))
     for variable in spec.get("variables", ()):
         activation["variables"] = celtypes.MapType(
             {celtypes.StringType(k): v for k, v in variables.items()})

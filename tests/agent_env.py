@@ -60,11 +60,17 @@ def memory_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(real, ignore_errors=True)
 
 
+ALL_RECONFIGURATIONS = ("VfioConfig", "GpuConfig.sharing.TimeSlicing", "GpuConfig.sharing.ExclusiveProcess",
+                        "VfConfig.netDevice")
+"""Every reconfiguration the built-in backends know: the tests of the reconfigurations themselves run on nodes that
+allow them (tests/test_allowed_configs.py shows a node that does not)."""
+
+
 def settings_for(root: Path, kubeconfig: Path, profile: str, **extra: Any) -> Settings:
     values: dict[str, Any] = {
         "node_name": NODE, "simulate": profile, "sim_root": root / "node", "kubeconfig": kubeconfig,
         "registry_dir": root / "reg", "plugins_dir": root / "plugins", "cdi_dir": root / "cdi",
-        "state_dir": root / "state", "log_level": "warning",
+        "state_dir": root / "state", "log_level": "warning", "allowed_configs": ALL_RECONFIGURATIONS,
     }
     return Settings(**(values | extra))
 
@@ -92,6 +98,8 @@ def flags_for(settings: Settings) -> list[str]:
         flags += ["--no-claim-status"]
     if settings.device_metadata:
         flags += ["--device-metadata"]
+    if settings.allowed_configs:
+        flags += ["--allowed-configs", ",".join(settings.allowed_configs)]
     return flags
 
 

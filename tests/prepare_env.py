@@ -22,7 +22,7 @@ from agent.node.plugins import LoadedPlugin, find_plugins, load_plugins
 from backends.contract import ClaimRef
 from cdi.store import SpecStore
 from simulator.node.node import SimulatedNode
-from tests.agent_env import journal_entries
+from tests.agent_env import ALL_RECONFIGURATIONS, journal_entries
 
 NODE = "node-a"
 
@@ -90,7 +90,7 @@ class PrepareEnv:
                                             tuple(getattr(report.plugin.backend, "config_types", ())))
         boot = boot_id or self.node.boot_id_file.read_text().strip()
         preparer = Preparer(
-            DriverDevices(driver, NODE, backends, owners.get),
+            DriverDevices(driver, NODE, backends, owners.get, allowed_configs=frozenset(ALL_RECONFIGURATIONS)),
             ClaimMemory(Checkpoint(self.root / "state" / driver / "checkpoint.journal", boot),
                         SpecStore(self.cdi_dir, vendor(driver), CLASS)),
             ClaimSource(self.claims, read_seconds),

@@ -112,10 +112,14 @@ def agent_drivers() -> set[str]:
 
 def test_the_base_lists_every_manifest() -> None:
     listed = [path.name for path in _base_files()]
-    assert {"00-namespace.yaml", "10-rbac.yaml", "20-daemonset.yaml", "25-metrics-service.yaml",
-            "30-deviceclasses.yaml", "40-admission-policy.yaml"} <= set(listed)
-    # A manifest left out of the kustomization would never be applied.
-    on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert {"00-namespace.yaml", "05-critical-pods-quota.yaml", "10-rbac.yaml", "20-daemonset.yaml",
+            "25-metrics-service.yaml", "30-deviceclasses.yaml", "40-admission-policy.yaml",
+            "45-reconfiguration-namespaces.yaml"} <= set(listed)
+    # A manifest left out of the kustomization would never be applied (the settings file is a ConfigMap's data).
+    generated = {name for generator in yaml.safe_load((BASE / "kustomization.yaml").read_text())["configMapGenerator"]
+                 for name in generator["files"]}
+    assert generated == {"config.yaml"}
+    on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"} - generated
     assert on_disk == set(listed), f"not listed in deploy/base/kustomization.yaml: {on_disk - set(listed)}"
     # kubectl apply -k deploy/ applies the base only: a manifest beside it would be left out.
     beside = {p.name for p in DEPLOY.glob("*.y*ml")} - {"kustomization.yaml"}

@@ -10,6 +10,7 @@ whichever kubectl is on the PATH renders them here.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -23,7 +24,8 @@ import pytest
 import yaml
 
 from agent.cli import build_parser
-from agent.settings import Settings, load_settings
+from agent.node.plugin_settings import plugin_settings_problems
+from agent.settings import Settings, load_settings, resolve_settings
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +81,8 @@ def _changed(base: Mapping[Key, Doc], overlay: Mapping[Key, Doc]) -> set[Key]:
 
 
 def test_the_overlays_are_there() -> None:
-    assert {p.name for p in OVERLAYS} == {"driver-container", "nfd", "metrics"}
+    assert {p.name for p in OVERLAYS} == {"driver-container", "nfd", "metrics", "dynamic-mig", "sriov-vfs",
+                                          "gpu-sharing", "debug-logging"}
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -107,11 +110,96 @@ def test_deploy_applies_the_base(rendered: dict[Path, dict[Key, Doc]]) -> None:
 
 
 def test_the_base_renders_the_manifests_unchanged(rendered: dict[Path, dict[Key, Doc]]) -> None:
-    # Kustomize adds no label, prefix or namespace: the objects are the files' own.
+    # Kustomize adds no label, prefix or namespace: the objects are the files' own, but for the settings file's
+    # ConfigMap, which it makes, and the DaemonSet's reference to it by the name it gave it.
     listed = yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"]
     from_files = {_key(doc): doc for name in listed for doc in yaml.safe_load_all((BASE / name).read_text())
                   if doc is not None}
-    assert rendered[BASE] == from_files
+    config = _config_map(rendered[BASE])
+    daemonset = _only(from_files, "DaemonSet")
+    for volume in daemonset["spec"]["template"]["spec"]["volumes"]:
+        if volume["name"] == "config":
+            volume["configMap"]["name"] = config["metadata"]["name"]
+    assert rendered[BASE] == {**from_files, _key(config): config}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The settings file and the overlays that set it
+
+CONFIG_OVERLAYS = ["dynamic-mig", "sriov-vfs", "gpu-sharing", "debug-logging"]
+
+
+def _config_map(objects: Mapping[Key, Doc]) -> Doc:
+    (doc,) = [doc for (_, kind, _, name), doc in objects.items()
+              if kind == "ConfigMap" and name.startswith("dra-agent-config-")]
+    return doc
+
+
+def _settings_file(objects: Mapping[Key, Doc], folder: Path) -> tuple[Settings, dict[str, str]]:
+    """What the agent makes of the DaemonSet's arguments with the settings file it mounts, written to `folder`
+    (the path --config names, below it), and where each setting came from."""
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (config,) = [a.removeprefix("--config=") for a in container["args"] if a.startswith("--config=")]
+    (mount,) = [m for m in container["volumeMounts"] if config.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    config_map = _config_map(objects)
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"], "the DaemonSet mounts the ConfigMap made"
+    assert config_map["metadata"]["namespace"] == _only(objects, "DaemonSet")["metadata"]["namespace"]
+    key = config.removeprefix(mount["mountPath"].rstrip("/") + "/")
+    path = folder / key
+    path.write_text(config_map["data"][key])
+    argv = [a.replace("$(NODE_NAME)", "gpu-node-17").replace("$(POD_UID)", "3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b")
+            for a in container["args"]]
+    parsed = build_parser().parse_args(argv)
+    return resolve_settings({k: v for k, v in vars(parsed).items() if k in Settings.model_fields}, {}, path)
+
+
+def test_the_base_mounts_an_empty_settings_file(rendered: dict[Path, dict[Key, Doc]], tmp_path: Path) -> None:
+    settings, origins = _settings_file(rendered[BASE], tmp_path)
+    assert [key for key, origin in origins.items() if origin.startswith("config file")] == []
+    assert settings.backend_config == {} and settings.allowed_configs == ()
+
+
+@pytest.mark.parametrize("overlay", CONFIG_OVERLAYS)
+def test_a_settings_overlay_changes_the_file_and_so_the_daemonset(rendered: dict[Path, dict[Key, Doc]],
+                                                                   overlay: str, tmp_path: Path) -> None:
+    base, objects = rendered[BASE], rendered[DEPLOY / "overlays" / overlay]
+    changed = _changed(base, objects)
+    # A new ConfigMap name: the DaemonSet changes with it, and `kubectl apply -k` rolls it out.
+    assert {kind for _, kind, _, _ in changed} == {"ConfigMap", "DaemonSet"}, changed
+    assert _config_map(objects)["metadata"]["name"] != _config_map(base)["metadata"]["name"]
+    daemonset, base_daemonset = copy.deepcopy(_only(objects, "DaemonSet")), _only(base, "DaemonSet")
+    for volume in daemonset["spec"]["template"]["spec"]["volumes"]:
+        if volume["name"] == "config":
+            volume["configMap"]["name"] = _config_map(base)["metadata"]["name"]
+    assert daemonset == base_daemonset, "nothing else of the DaemonSet changes"
+    settings, origins = _settings_file(objects, tmp_path)
+    assert plugin_settings_problems(settings, origins) == [], "the agent takes the file"
+    expected = {
+        "dynamic-mig": lambda s: s.backend_config == {"nvidia-mig": {"mode": "dynamic"}},
+        "sriov-vfs": lambda s: s.backend_config["sriov-nic"]["numVfs"][0]["count"] == 8,
+        "gpu-sharing": lambda s: s.backend_config == {"nvidia-gpu": {"sharing": {"byMemory": True,
+                                                                                 "memoryStep": 2**30}}},
+        "debug-logging": lambda s: s.log_level == "debug" and not s.backend_config,
+    }
+    assert expected[overlay](settings), settings
+
+
+def test_the_critical_pods_quota_admits_the_daemonsets_pods(rendered: dict[Path, dict[Key, Doc]]) -> None:
+    """Where the API server lets pods of system-node-critical only into namespaces with a covering quota (GKE),
+    the base's quota is one: same namespace, a scope that selects the pods' priority class, room for every node."""
+    base = rendered[BASE]
+    daemonset, quota = _only(base, "DaemonSet"), _only(base, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    priority_class = daemonset["spec"]["template"]["spec"]["priorityClassName"]
+    assert priority_class == "system-node-critical"
+    (expression,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert expression["scopeName"] == "PriorityClass" and expression["operator"] == "In"
+    assert priority_class in expression["values"]
+    assert set(quota["spec"]["hard"]) == {"pods"}, "it limits nothing but the number of pods"
+    assert int(quota["spec"]["hard"]["pods"]) >= 2 * 5000, "the largest cluster upstream supports, in an update"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -277,3 +365,24 @@ def test_the_documented_combination_renders(tmp_path: Path) -> None:
     for doc in objects.values():
         if (doc["apiVersion"], doc["kind"]) not in CUSTOM_KINDS:
             kubernetes_validate.validate(doc, "1.37", strict=True)
+
+
+def test_the_documented_settings_of_your_own_render_and_are_taken(tmp_path: Path) -> None:
+    """docs/deploy.md's own settings file, in a kustomization on the base: the DaemonSet mounts it, and the agent
+    takes every setting in it."""
+    text = (ROOT / "docs/deploy.md").read_text()
+    files = {name: body for body, name in
+             re.findall(r"^```yaml\n(# my-settings/([\w.-]+)[^\n]*\n.*?)^```$", text, re.M | re.S)}
+    assert set(files) == {"kustomization.yaml", "config.yaml"}, set(files)
+    kustomization = yaml.safe_load(files["kustomization.yaml"])
+    assert kustomization["bases"] == ["../dra-agent/deploy/base"]
+    kustomization["bases"] = [os.path.relpath(BASE, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    (tmp_path / "config.yaml").write_text(files["config.yaml"])
+    objects = {_key(doc): doc for doc in _render(tmp_path)}
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    settings, origins = _settings_file(objects, mounted)
+    assert plugin_settings_problems(settings, origins) == []
+    assert settings.backend_config["nvidia-mig"] == {"mode": "dynamic"}
+    assert settings.allowed_configs == ("VfioConfig",)

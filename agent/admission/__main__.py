@@ -1,5 +1,6 @@
-"""`python -m agent.admission [DRIVER=NEW_NAME ...]`: print the admission policy for the agent's own drivers (what
-deploy/base/40-admission-policy.yaml holds); with the renames of the `driver_names` setting when a node uses them."""
+"""`python -m agent.admission [DRIVER=NEW_NAME ...]`: print the admission policies for the agent's own drivers (what
+deploy/base/40-admission-policy.yaml holds: the parameters' schema, and the namespaces allowed each
+reconfiguration); with the renames of the `driver_names` setting when a node uses them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import sys
 
 from agent.admission.policy import builtin_drivers, policy_objects, render
+from agent.admission.reconfigurations import reconfiguration_objects
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or old not in drivers or not new:
             parser.error(f"{rename!r}: expected DRIVER=NEW_NAME with DRIVER one of {', '.join(drivers)}")
         drivers[new] = drivers.pop(old)
-    sys.stdout.write(render(policy_objects(dict(sorted(drivers.items())))))
+    drivers = dict(sorted(drivers.items()))
+    sys.stdout.write(render([*policy_objects(drivers), *reconfiguration_objects(drivers)]))
     return 0
 
 

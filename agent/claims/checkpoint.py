@@ -36,7 +36,10 @@ Started = tuple[str, str] | tuple[str, str, str | None]
 """A device whose preparation begins: (device, backend), or (device, backend, share id) for a share of it."""
 
 FORMAT = 2
-"""Journal format. Readers refuse records of a newer format rather than misread them."""
+"""Journal format. Readers refuse records of a newer format rather than misread them. A change an older reader can
+ignore keeps the number (a new field of a record, a claim, a device or a restore record: the older reader drops it,
+so rolling back to it needs nothing); a change it could not follow raises it (a new operation, a new kind of
+container edit, a field whose absence changes what is undone). See docs/deploy.md, "Rolling back"."""
 
 _COMPACT_AFTER = 256  # records beyond the live claims before the journal is rewritten
 _SHOWN_PROBLEMS = 3  # damaged lines named in the error; the count says how many more there are

@@ -49,13 +49,15 @@ def _gone(owner: str) -> bool:
 @dataclass(frozen=True)
 class DriverDevices:
     """The devices one DRA driver prepares: its name and pool, its backends by name, which backend owns a device
-    (kept current by hot-plug), and why a device must not be newly prepared (unhealthy), else None."""
+    (kept current by hot-plug), why a device must not be newly prepared (unhealthy), else None, and the
+    reconfigurations claims may ask for on this node (the `allowed_configs` setting; none unless named)."""
 
     driver: str
     pool: str
     backends: Mapping[str, Backend]
     owner_of: Callable[[str], Owner | None]
     unusable: Callable[[str], str | None] = _usable
+    allowed_configs: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,13 @@ allocated device, the device's effective opaque configuration, its request names
 with admin access. Also how the claims of one kubelet call are told apart by UID.
 
 Pure: works on the allocation read from the claim (agent/claims/read.py) and a lookup of device owners; raises
-ClaimError with a message for the pod's events when the claim cannot be prepared here.
+ClaimError with a message for the pod's events when the claim cannot be prepared here, among others when its
+configuration asks for a reconfiguration this node does not allow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from agent.claims.opaque import effective_config
@@ -55,8 +56,10 @@ class Plan:
         return frozenset(device for device, share in self.requests if share is not None)
 
 
-def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Callable[[str], Owner | None]) -> Plan:
-    """The plan for a claim's devices of `driver` in this node's `pool`."""
+def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Callable[[str], Owner | None], *,
+               allowed: Collection[str] = ()) -> Plan:
+    """The plan for a claim's devices of `driver` in this node's `pool`; `allowed` names the reconfigurations the
+    node makes (its `allowed_configs` setting)."""
     per_backend: dict[str, tuple[Owner, list[Allocated]]] = {}
     requests: dict[DeviceKey, tuple[str, ...]] = {}
     admin: set[str] = set()
@@ -76,6 +79,11 @@ def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Ca
         if problem is not None:
             raise ClaimError(f"claim {allocation.ref.namespace}/{allocation.ref.name}: {problem}")
         config = effective_config(configs_for(allocation, result), owner.config_types, owner.name)
+        refused = _not_allowed(config, allowed)
+        if refused:
+            raise ClaimError(f"device {result.device} (request {result.request_name}): its {config.KIND} asks for "
+                             f"{refused}, which this node does not allow: its operator allows it by naming it in the "
+                             f"allowed_configs setting (now {', '.join(sorted(allowed)) or 'none'})")
         entry = per_backend.setdefault(owner.name, (owner, []))
         key = (result.device, result.share_id)
         if all((a.device, a.share_id) != key for a in entry[1]):
@@ -85,6 +93,14 @@ def plan_claim(allocation: ClaimAllocation, pool: str, driver: str, owner_of: Ca
                 admin.add(result.device)
         requests[key] = tuple(dict.fromkeys((*requests.get(key, ()), result.request_name)))
     return Plan(allocation, per_backend, requests, frozenset(admin))
+
+
+def _not_allowed(config: object, allowed: Collection[str]) -> str:
+    """The reconfigurations `config` asks for that are not `allowed`, said in words; empty when none."""
+    if not isinstance(config, OpaqueConfig):
+        return ""
+    refused = [r for r in config.reconfigurations() if r.name not in allowed]
+    return ", ".join(f"{r.name} ({r.what})" for r in refused)
 
 
 def one_per_uid(claims: Sequence[ClaimRef], done: str) -> tuple[list[ClaimRef], dict[str, str]]:

@@ -52,6 +52,7 @@ class Preparer:
         self.pool = devices.pool
         self.backends = devices.backends
         self.owner_of = devices.owner_of
+        self.allowed_configs = devices.allowed_configs
         self.checkpoint = memory.checkpoint
         self.store = memory.specs
         self.claim_read_seconds = claims.read_seconds
@@ -116,7 +117,7 @@ class Preparer:
             if claim is None:
                 return f"claim {ref.namespace}/{ref.name} not found"
             allocation = read_allocation(claim, ref, self.driver)
-            return plan_claim(allocation, self.pool, self.driver, self.owner_of)
+            return plan_claim(allocation, self.pool, self.driver, self.owner_of, allowed=self.allowed_configs)
         except ClaimError as e:
             return str(e)
 

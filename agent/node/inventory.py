@@ -17,15 +17,24 @@ from agent.node.host import Host
 from agent.node.plugins import FoundPlugin, LoadedPlugin, PluginFailure, find_plugins, load_plugins
 from agent.settings import Settings
 from agent.unexpected import unexpected
-from backends.contract import BackendContext, BackendError, CounterSet, Device, DeviceEvents, Inventory, LinkEvents
+from backends.contract import (
+    Backend,
+    BackendContext,
+    BackendError,
+    CounterSet,
+    Device,
+    DeviceEvents,
+    Inventory,
+    LinkEvents,
+)
 from backends.topology import TopologyReader
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from structlog.typing import FilteringBoundLogger
 
-__all__ = ["BackendReport", "Pool", "Survey", "discover_all", "log_unserved", "merge_pools", "start_all", "stop_all",
-           "survey"]
+__all__ = ["BackendReport", "NotRunning", "Pool", "Survey", "discover_all", "log_unserved", "merge_pools", "start_all",
+           "stop_all", "survey"]
 
 _START_TIMEOUT = 30.0
 _DISCOVER_TIMEOUT = 60.0
@@ -159,6 +168,17 @@ def merge_pools(reports: Sequence[BackendReport]) -> list[Pool]:
 
 
 @dataclass(frozen=True)
+class NotRunning:
+    """An enabled backend that does not serve: it could not be loaded, started or discovered. `driver` is the one
+    it publishes under (None when it never loaded), `backend` the object when there is one."""
+
+    name: str
+    driver: str | None
+    reason: str
+    backend: Backend | None = None
+
+
+@dataclass(frozen=True)
 class Survey:
     """One discovery pass over the node: what is installed, what loaded and started, what each backend found.
 
@@ -171,6 +191,22 @@ class Survey:
     started: list[LoadedPlugin]
     start_errors: dict[str, str]
     reports: list[BackendReport]
+
+    def not_running(self, driver_for: Callable[[str], str]) -> list[NotRunning]:
+        """The enabled backends that could not be loaded, started or discovered, by name, with why."""
+        loaded = {p.found.name: p for p in self.loaded}
+        found: dict[str, NotRunning] = {}
+        for failure in self.failures:
+            if failure.name not in loaded:  # not the one skipped when two distributions offer one name
+                found.setdefault(failure.name, NotRunning(failure.name, None, f"not loaded: {failure.message}"))
+        for name, error in self.start_errors.items():
+            backend = loaded[name].backend
+            found[name] = NotRunning(name, driver_for(backend.driver), f"failed to start: {error}", backend)
+        for report in self.reports:
+            if report.inventory is None:
+                found[report.name] = NotRunning(report.name, report.driver, report.error or "discovery failed",
+                                                report.plugin.backend)
+        return [found[name] for name in sorted(found)]
 
 
 async def survey(settings: Settings, host: Host, udev: DeviceEvents | None = None,

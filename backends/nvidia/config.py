@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from backends.config import CONFIG_API_VERSION, BackendConfig, OpaqueConfig
+from backends.config import CONFIG_API_VERSION, BackendConfig, OpaqueConfig, Reconfiguration
 from backends.nvidia.driver_files import Capability
 from backends.nvidia.health_rules import DEFAULT_IGNORED_XIDS
 
@@ -134,6 +134,14 @@ class GpuConfig(OpaqueConfig):
 
     API_VERSION: ClassVar[str] = CONFIG_API_VERSION
     KIND: ClassVar[str] = "GpuConfig"
+    # The GPU's compute mode is the GPU's, not the claim's: other shares of a GPU shared by memory must agree with
+    # it. MPS, once supported, will be GpuConfig.sharing.MPS.
+    RECONFIGURATIONS: ClassVar[tuple[Reconfiguration, ...]] = (
+        Reconfiguration("GpuConfig.sharing.TimeSlicing", ("sharing", "strategy"), "TimeSlicing",
+                        "sets the GPU's compute mode to Default for the claim"),
+        Reconfiguration("GpuConfig.sharing.ExclusiveProcess", ("sharing", "strategy"), "ExclusiveProcess",
+                        "sets the GPU's compute mode to Exclusive Process for the claim"),
+    )
 
     driver_capabilities: tuple[Capability, ...] = Field(
         default=("compute", "utility"), alias="driverCapabilities", min_length=1, max_length=4

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from backends.contract import (
@@ -18,7 +19,7 @@ from backends.contract import (
     Prepared,
     PrepareError,
 )
-from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost
+from backends.nvidia.common import NvidiaBackend, gpu_attributes, kept_while_lost, nvidia_gpus_in_sysfs
 from backends.nvidia.config import GpuBackendConfig, GpuConfig
 from backends.nvidia.gpu_shares import GpuShares, memory_policy, sharing_of
 from backends.nvidia.health_rules import DeviceRef
@@ -27,7 +28,7 @@ from backends.nvidia.nvml import GpuInfo, GpuProblem, NvmlError, SystemInfo, nvm
 from backends.nvidia.nvml_compute import MigMode, mig_mode
 from backends.nvidia.passthrough import describe, held_device
 from backends.nvidia.sharing import ComputeModes, wanted_mode
-from backends.sysfs import read_link_name
+from backends.sysfs import SysfsError, read_link_name
 from backends.topology import PCI_BUS_ID, device_name
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
 from cdi.spec import ContainerEdits
@@ -55,6 +56,13 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         # `_returning_devices`.
         self._returning: dict[str, tuple[int, Device, str]] = {}
         self._handbacks = 0
+
+    def hardware(self, sysfs_root: Path) -> Sequence[str]:
+        """The node's NVIDIA GPUs not on vfio-pci, from sysfs alone (`ListsHardware`): what NVML would serve."""
+        try:
+            return nvidia_gpus_in_sysfs(sysfs_root)
+        except SysfsError:
+            return []
 
     async def start(self, ctx: BackendContext) -> None:
         await super().start(ctx)

@@ -17,7 +17,8 @@ from typing import Any
 from unittest import mock
 
 from agent.node.host import Host
-from agent.node.plugins import FoundPlugin
+from agent.node.plugin_settings import reconfigurations_of
+from agent.node.plugins import FoundPlugin, load_plugins
 from agent.settings import Settings
 from backends.plugin import ClaimRef
 from simulator.apiserver.server import TestApiServer
@@ -44,6 +45,8 @@ class _Cluster:
             node_name=NODE, kubeconfig=server.write_kubeconfig(work / "kubeconfig"), registry_dir=work / "reg",
             plugins_dir=work / "plugins", cdi_dir=work / "cdi", state_dir=work / "state", log_level="warning",
             backends=(plugin.name,), backend_config={plugin.name: dict(target.config)},
+            # The kit's claims may ask for whatever the backend's parameters can ask for.
+            allowed_configs=tuple(reconfigurations_of(load_plugins([plugin])[0])),
         )
         self.driver = ""
 

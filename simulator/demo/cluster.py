@@ -25,6 +25,9 @@ from typing import Any
 
 from agent.claims.results import ClaimResult
 from backends.contract import ClaimRef
+from backends.nvidia.config import GpuConfig
+from backends.vf_config import VfConfig
+from backends.vfio import VfioConfig
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
@@ -86,7 +89,11 @@ class DemoNode:
         return ["--node-name", self.name, "--simulate", self.profile, "--sim-root", str(self.sim_root),
                 "--kubeconfig", str(kubeconfig), "--registry-dir", str(self.root / "registry"),
                 "--plugins-dir", str(self.root / "plugins"), "--cdi-dir", str(self.cdi_dir),
-                "--state-dir", str(self.root / "state"), "--log-format", "json", "--log-level", "info"]
+                "--state-dir", str(self.root / "state"), "--log-format", "json", "--log-level", "info",
+                # The demo shows every reconfiguration (passthrough, sharing, a VF's interface in the pod): its
+                # nodes allow them all, as an operator of a cluster of one tenant might.
+                "--allowed-configs", ",".join(r.name for kind in (GpuConfig, VfioConfig, VfConfig)
+                                              for r in kind.RECONFIGURATIONS)]
 
     def log_events(self) -> list[JsonObject]:
         events = []
