@@ -126,9 +126,10 @@ def test_backend_config_errors_name_the_backend(run_cli: Callable[..., CliResult
     config = scratch / "agent.yaml"
     config.write_text("backend_config:\n  nvidia-mig: {mode: sideways}\n")
     result = run_cli("discover", "--simulate", "mixed", "--config", str(config), "-o", "json")
-    assert result.code == 0, "one misconfigured backend does not stop the others"
-    assert "invalid configuration for backend nvidia-mig: mode" in result.err
-    assert names(result.out, "tpu.google.com")
+    assert result.code == 2, "a mistake in the settings is the operator's to fix, not a backend left out"
+    assert (f'backend_config.nvidia-mig.mode = "sideways" (from config file {config}): '
+            "Input should be 'static' or 'dynamic'") in result.err
+    assert not result.out
 
 
 def test_nvidia_gpus_without_nvml_are_unserved_and_a_node_without_them_is_quiet(
