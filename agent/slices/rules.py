@@ -58,13 +58,14 @@ MAX_POOL_NAME_LENGTH = 253
 def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
     """M1, M2. A namespace is no error: the server clears it, as for any cluster-scoped kind."""
     name, prefix = meta.get("name"), meta.get("generateName")
-    if prefix:
+    # Absent and "" are no name to the server; anything else (a number, a list) is one it cannot read.
+    if prefix not in (None, ""):
         # As a prefix: the server replaces a trailing '-' and the character before it by 'a' before checking.
         masked = prefix[:-2] + "a" if isinstance(prefix, str) and len(prefix) > 1 and prefix.endswith("-") else prefix
         errs.check(is_dns_subdomain(masked), "metadata.generateName", "must be the start of a DNS subdomain", prefix)
-    if name:
+    if name not in (None, ""):
         errs.check(is_dns_subdomain(name), "metadata.name", SUBDOMAIN_MSG, name)
-    elif prefix:
+    elif prefix not in (None, ""):
         # The server makes the name of the prefix's first 58 characters and 5 random ones, and checks that.
         made = str(prefix)[:58] + "xxxxx"
         errs.check(is_dns_subdomain(made), "metadata.name", f"made from generateName, {SUBDOMAIN_MSG}", made)
