@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent.admission.policy import builtin_drivers
+from agent.admission.reconfigurations import PARAMS_NAME, PARAMS_NAMESPACE, reconfigurations
 from agent.kube.client import KubeClient
 from agent.settings import Settings
 from backends.contract import ClaimRef
@@ -32,7 +35,8 @@ from simulator.kubelet_connection import Plugin
 from tests.agent_env import AgentProcess, free_port, settings_for
 from tests.timing import scaled
 
-__all__ = ["NODE", "AgentOnNode", "RealCluster", "agent_on_node"]
+__all__ = ["NODE", "AgentOnNode", "RealCluster", "agent_on_node", "every_reconfiguration_allowed",
+           "reconfiguration_namespaces"]
 
 # The node's name, as upstream's local-up-cluster names its node: it resolves to loopback everywhere.
 NODE = "127.0.0.1"
@@ -53,6 +57,41 @@ async def poll(probe: Callable[[], T | None], *, timeout: float, what: str, inte
                 await asyncio.sleep(interval)
     except TimeoutError:
         raise AssertionError(f"{what}: not within {timeout:.0f} s") from None
+
+
+def reconfiguration_namespaces(kubectl: Kubectl, data: Mapping[str, str]) -> None:
+    """Replace deploy/'s ConfigMap of the namespaces allowed each reconfiguration (the admission policy's parameter)
+    with `data`."""
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": PARAMS_NAME, "namespace": PARAMS_NAMESPACE,
+                               "labels": {"app.kubernetes.io/name": "dra-agent"}},
+                  **({"data": dict(data)} if data else {})}
+    kubectl.run("replace", "-f", "-", input=json.dumps(config_map))
+
+
+@contextmanager
+def every_reconfiguration_allowed(kubectl: Kubectl) -> Iterator[None]:
+    """Every reconfiguration allowed in every namespace by the admission policy, for tests of something else; the
+    base's empty ConfigMap again at the end. Returns once the policy has taken it: it reads its parameter from a
+    cache that follows the ConfigMap within moments."""
+    reconfiguration_namespaces(kubectl, {r.name: "*" for r, _, _ in reconfigurations(builtin_drivers())})
+    passthrough = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"name": "passthrough", "namespace": "default"},
+                   "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}],
+                                        "config": [{"opaque": {"driver": GPU, "parameters": {
+                                            "apiVersion": "dra-agent.io/v1alpha1", "kind": "VfioConfig"}}}]}}}
+    deadline = time.monotonic() + scaled(30)
+    while True:
+        try:
+            kubectl.run("create", "--dry-run=server", "-f", "-", input=json.dumps(passthrough))
+            break
+        except KubectlError:
+            assert time.monotonic() < deadline, "the admission policy never took the ConfigMap allowing everything"
+            time.sleep(scaled(0.2))
+    try:
+        yield
+    finally:
+        reconfiguration_namespaces(kubectl, {})
 
 
 @dataclass

@@ -7,7 +7,6 @@ that only the shape of the parameters decides."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,13 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.admission.policy import MESSAGE, builtin_drivers, policy_objects
-from agent.admission.reconfigurations import PARAMS_NAME, PARAMS_NAMESPACE, reconfigurations
 from agent.claims.opaque import InvalidParameters, validate_parameters
 from cluster.kubectl import KubectlError
-from tests.admission_cases import CHOSEN, VFIO, claim, mutated
+from tests.admission_cases import CHOSEN, claim, mutated
 from tests.admission_cel import evaluate
-from tests.real_cluster.cluster_env import RealCluster
-from tests.timing import scaled
+from tests.real_cluster.cluster_env import RealCluster, every_reconfiguration_allowed
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 
@@ -31,24 +28,9 @@ POLICY, _ = policy_objects(DRIVERS)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def every_reconfiguration_allowed(real_cluster: RealCluster) -> Iterator[None]:
-    """deploy/'s ConfigMap allowing every reconfiguration in every namespace; its empty data again at the end."""
-    def replace(data: dict[str, str]) -> None:
-        config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                      "metadata": {"name": PARAMS_NAME, "namespace": PARAMS_NAMESPACE,
-                                   "labels": {"app.kubernetes.io/name": "dra-agent"}},
-                      **({"data": data} if data else {})}
-        real_cluster.kubectl.run("replace", "-f", "-", input=json.dumps(config_map))
-
-    replace({r.name: "*" for r, _, _ in reconfigurations(DRIVERS)})
-    # The policy reads its parameter from a cache that follows the ConfigMap within moments.
-    passthrough = claim("gpu.nvidia.com", VFIO)
-    deadline = time.monotonic() + scaled(30)
-    while server_verdict(real_cluster, passthrough) is not None:
-        assert time.monotonic() < deadline, "the policy never took the ConfigMap allowing every reconfiguration"
-        time.sleep(0.2)
-    yield
-    replace({})
+def _every_reconfiguration_allowed(real_cluster: RealCluster) -> Iterator[None]:
+    with every_reconfiguration_allowed(real_cluster.kubectl):
+        yield
 
 
 def agent_fields(driver: str, params: Any) -> set[str]:

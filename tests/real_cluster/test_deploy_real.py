@@ -5,6 +5,7 @@ DeviceClasses' CEL compiled and the admission policy type-checked by the server,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from cluster.kubectl import KubectlError
-from tests.real_cluster.cluster_env import RealCluster, poll
+from tests.real_cluster.cluster_env import RealCluster, every_reconfiguration_allowed, poll
 from tests.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
@@ -63,8 +64,16 @@ def poll_established(cluster: RealCluster, name: str) -> None:
     cluster.kubectl.run("wait", "--for=condition=Established", f"crd/{name}", f"--timeout={scaled(30):.0f}s")
 
 
+@pytest.fixture(scope="module")
+def examples_allowed(real_cluster: RealCluster) -> Iterator[None]:
+    """The reconfigurations examples ask for (time slicing) allowed in their namespace, as their comments say an
+    operator must."""
+    with every_reconfiguration_allowed(real_cluster.kubectl):
+        yield
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_every_example_is_accepted(real_cluster: RealCluster, example: Path) -> None:
+def test_every_example_is_accepted(real_cluster: RealCluster, examples_allowed: None, example: Path) -> None:
     out = real_cluster.kubectl.run("apply", "--server-side", "--dry-run=server", "-n", "default", "-f", str(example))
     assert "serverside-applied" in out
 
