@@ -160,6 +160,7 @@ SLICE_CASES: dict[str, tuple[Mutation, set[str]]] = {
     "M1 name too long": (set_at("metadata.name", "a" * 254), {"metadata.name"}),
     "M1 name a number beside generateName": (set_at("metadata", {"generateName": "a-", "name": 0}), {"metadata.name"}),
     "M1 generateName a number": (set_at("metadata.generateName", 7), {"metadata.generateName"}),
+    "M1 namespace a number": (set_at("metadata.namespace", 0), {"metadata.namespace"}),
     "M1 generateName invalid beside a name": (set_at("metadata.generateName", "Node_1-"), {"metadata.generateName"}),
     "M1 generateName invalid, so is the name made of it": (
         set_at("metadata", {"generateName": "Node_1-"}),
@@ -808,6 +809,7 @@ REFUSED_BEFORE_VALIDATION: dict[str, str] = {
     # kubectl itself cannot read a name that is not a string, and sends nothing.
     "M1 name a number beside generateName": "unable to decode",
     "M1 generateName a number": "unable to decode",
+    "M1 namespace a number": "unable to decode",
     # Not a ResourceSlice of a served version: kubectl finds no such resource, or sends it as the other kind.
     "apiVersion beta": 'no matches for kind "ResourceSlice" in version "resource.k8s.io/v1beta2"',
     "kind wrong": "cannot be handled as a ResourceClaim",

@@ -56,8 +56,9 @@ MAX_POOL_NAME_LENGTH = 253
 
 
 def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
-    """M1, M2. A namespace is no error: the server clears it, as for any cluster-scoped kind."""
-    name, prefix = meta.get("name"), meta.get("generateName")
+    """M1, M2. A namespace is no error: the server clears it, as for any cluster-scoped kind (once it could read it)."""
+    name, prefix, namespace = meta.get("name"), meta.get("generateName"), meta.get("namespace")
+    errs.check(namespace is None or isinstance(namespace, str), "metadata.namespace", "must be a string", namespace)
     # Absent and "" are no name to the server; anything else (a number, a list) is one it cannot read.
     if prefix not in (None, ""):
         # As a prefix: the server replaces a trailing '-' and the character before it by 'a' before checking.
