@@ -605,6 +605,9 @@ VALID_CASES: dict[str, Mutation] = {
     "generateName longer than 58 characters": set_at("metadata", {"generateName": "a" * 58 + "." + "b" * 41}),
     "driver with upper case (only a warning)": set_at("spec.driver", "GPU.Example.com"),
     "pool name with slashes": set_at("spec.pool.name", "rack-1/node-1"),
+    "taint timeAdded with a one-digit hour and a comma fraction, as Go's parser reads it": set_at(
+        "spec.devices.0.taints", [dict(TAINT, timeAdded="2026-01-02T5:04:05,5+24:60")]
+    ),
     "pool name of 253 characters": set_at("spec.pool.name", "/".join(["a" * 63] * 3 + ["a" * 61])),
     "generation zero": set_at("spec.pool.generation", 0),
     "allNodes": lambda o: o["spec"].update(nodeName=None, allNodes=True),

@@ -148,6 +148,25 @@ def test_backends_are_seen_through_the_plugin_module_by_plugins_and_the_kit() ->
     assert not broken, "import what a plugin uses from backends.plugin:\n" + "\n".join(broken)
 
 
+# A backend's optional members, each with a protocol in backends/capabilities.py (a config kind's class variables
+# are declared on OpaqueConfig).
+OPTIONAL_MEMBERS = {"config_types", "config_model", "reconcile", "records_own_changes", "RECONFIGURATIONS"}
+
+
+def test_the_agent_asks_for_optional_members_through_their_protocols() -> None:
+    """`isinstance(backend, HasConfigTypes)` says what a backend offers in one typed place; a `getattr` probe with a
+    default hides a misspelt member from mypy and from the reader."""
+    broken = []
+    for path in sorted((ROOT / "agent").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in OPTIONAL_MEMBERS):
+                broken.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    assert not broken, "use the protocols of backends/capabilities.py:\n" + "\n".join(broken)
+
+
 def _outermost(names: set[str]) -> list[str]:
     """The names without those below another of them (`backends.base`, not also `backends.base.BackendBase`)."""
     return sorted(n for n in names if not any(n.startswith(other + ".") for other in names))

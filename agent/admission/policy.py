@@ -19,6 +19,7 @@ import yaml
 
 from agent.admission.schema_cel import Check, checks_for, literal
 from agent.node.plugins import find_plugins
+from backends.capabilities import HasConfigTypes
 from backends.config import OpaqueConfig
 
 __all__ = ["BINDING_NAME", "CONFIGS", "MESSAGE", "POLICY_NAME", "builtin_drivers", "parameters_of", "policy_objects",
@@ -60,7 +61,7 @@ def builtin_drivers() -> dict[str, tuple[type[OpaqueConfig], ...]]:
             continue
         backend = plugin.entry_point.load()
         types = drivers.setdefault(backend.driver, {})
-        for model in getattr(backend, "config_types", ()):
+        for model in backend.config_types if isinstance(backend, HasConfigTypes) else ():
             types.setdefault(model.KIND, model)
     return {driver: tuple(types[k] for k in sorted(types)) for driver, types in sorted(drivers.items())}
 

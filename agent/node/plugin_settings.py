@@ -62,7 +62,7 @@ def reconfigurations_of(loaded: Sequence[LoadedPlugin]) -> dict[str, Reconfigura
     for plugin in loaded:
         backend = plugin.backend
         for kind in backend.config_types if isinstance(backend, HasConfigTypes) else ():
-            for reconfiguration in getattr(kind, "RECONFIGURATIONS", ()):
+            for reconfiguration in kind.RECONFIGURATIONS:
                 found.setdefault(reconfiguration.name, reconfiguration)
     return found
 

@@ -8,14 +8,13 @@ trusting their types, and report a field of the wrong type as an error instead o
 
 from __future__ import annotations
 
-import calendar
 import json
-import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, TypeGuard
 
 from agent.kube.quantity import parse_quantity
+from agent.kube.times import is_rfc3339  # a taint's timeAdded is read as every other Time is
 
 __all__ = [
     "Errors",
@@ -28,14 +27,6 @@ __all__ = [
     "lookup",
     "show",
 ]
-
-# What Go's time.Parse(time.RFC3339, ...) reads, which is how the server reads a time: upper-case T and Z, a
-# fraction after '.' or ',', an offset of up to 24 hours and 60 minutes; ranges are checked apart.
-_RFC3339_RE = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:[.,][0-9]+)?(?:Z|[+-]([0-9]{2}):([0-9]{2}))"
-)
-_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-
 
 # --- helpers -----------------------------------------------------------------------------------
 
@@ -112,16 +103,3 @@ def as_quantity(value: Any, path: str, errs: Errors) -> Fraction | None:
     except (TypeError, ValueError):
         errs.add(path, f"must be a quantity such as 8, 40Gi or 500m, got {show(value)}")
         return None
-
-
-def is_rfc3339(value: object) -> bool:
-    """A time the server can read (year 0 included, which Python's datetime cannot hold)."""
-    match = _RFC3339_RE.fullmatch(value) if isinstance(value, str) else None
-    if match is None:
-        return False
-    year, month, day, hour, minute, second = (int(match[i]) for i in range(1, 7))
-    if not 1 <= month <= 12 or hour > 23 or minute > 59 or second > 59:
-        return False
-    days = 29 if month == 2 and calendar.isleap(year) else _DAYS[month - 1]
-    offset_ok = match[7] is None or (int(match[7]) <= 24 and int(match[8]) <= 60)
-    return 1 <= day <= days and offset_ok
