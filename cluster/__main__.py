@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("-v", type=int, default=1, metavar="N", help="the components' log verbosity (default 1)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        print(build())
+        print(*build(), sep="\n")
         return 0
     return _up(args)
 
