@@ -1,0 +1,132 @@
+"""The tier's cluster whose node runs pods: the real kubelet and containerd (`cluster.worker`), the agent registered
+with that kubelet, and what the pods print.
+
+The agent runs as a `dra-agent run` host process with the DaemonSet's arguments, its sockets in the kubelet's plugin
+folders (`--registry-dir`, `--plugins-dir`), its CDI specs in the folder containerd reads (`--cdi-dir`), on a
+simulated node whose /dev entries are character devices (containerd stats each device node a spec names). The
+node's root is where containerd, on this machine, finds the node's /dev and driver files: `--cdi-host-root`. It
+holds a token of the DaemonSet's ServiceAccount bound to a pod on the node, as the kubelet projects it into the
+agent's pod. The DaemonSet itself is left out of deploy/ on this cluster (`cluster.incluster.apply_deploy` says
+why). A pod of the busybox image stands in for the agent's pod: it runs on the node under the agent's
+ServiceAccount, with the DaemonSet's labels, so the token names its node as the agent pod's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.settings import Settings
+from cluster.kubectl import Kubectl
+from cluster.worker import WorkerNode
+from simulator.node.variants import with_char_devices
+from tests.agent_env import AgentProcess, free_port, settings_for
+from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, RealCluster, poll
+from tests.timing import scaled
+
+__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "start_agent_stand_in"]
+
+_AGENT_LABELS = {"app.kubernetes.io/name": "dra-agent"}
+
+
+def start_agent_stand_in(kubectl: Kubectl, worker: WorkerNode) -> None:
+    """The pod that carries the agent's identity on the node (see the module's description); returns once it
+    runs."""
+    kubectl.apply({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": AGENT_NAMESPACE, "name": "dra-agent-host-process", "labels": _AGENT_LABELS},
+        "spec": {"serviceAccountName": "dra-agent", "nodeName": NODE, "hostNetwork": True,
+                 "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "agent", "image": worker.busybox, "imagePullPolicy": "Never",
+                                 "command": ["sleep", "2147483647"]}]}})
+    wait = scaled(60)
+    kubectl.run("wait", "--for=condition=Ready", "pod/dra-agent-host-process", "-n", AGENT_NAMESPACE,
+                f"--timeout={wait:.0f}s", timeout=wait + 10)
+
+
+@dataclass
+class AgentOnRealNode:
+    """`dra-agent run` registered with the node's kubelet."""
+
+    cluster: RealCluster
+    settings: Settings
+    process: AgentProcess
+    metrics: str
+
+    def log(self) -> list[dict[str, Any]]:
+        """The agent's log lines (JSON) so far."""
+        lines = []
+        for line in self.process.output().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+        return lines
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=scaled(5)) as response:
+            text: str = response.read().decode()
+            return text
+
+
+@asynccontextmanager
+async def agent_on_real_node(cluster: RealCluster, root: Path, profile: str = "dgx-h100", *,
+                             backend_config: Mapping[str, Any] | None = None,
+                             drivers: Sequence[str] = (GPU,)) -> AsyncIterator[AgentOnRealNode]:
+    """Start the agent on a simulated node under `root` (`profile` with character devices) registered with the
+    node's kubelet; return once the kubelet accepted every driver in `drivers` and the agent is ready (its slices
+    published). Stopped at the end."""
+    worker = cluster.worker
+    assert worker is not None and worker.kubelet is not None, "the cluster's node runs no kubelet"
+    await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+    kubeconfig = await cluster.agent_kubeconfig(root / "agent.kubeconfig")
+    char_profile = await asyncio.to_thread(with_char_devices, profile, root)
+    metrics = f"127.0.0.1:{free_port()}"
+    settings = settings_for(root, kubeconfig, str(char_profile), node_name=NODE, metrics_address=metrics,
+                            registry_dir=worker.kubelet.registry_dir, plugins_dir=worker.kubelet.plugins_dir,
+                            cdi_dir=worker.cdi_dir, cdi_host_root=root / "node", log_level="info")
+    env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(dict(backend_config))} if backend_config else None
+    process = AgentProcess(settings, env)
+    await process.start()
+    assert process.process is not None
+    cluster.loopback.watch([process.process.pid])
+    agent = AgentOnRealNode(cluster, settings, process, metrics)
+    try:
+        def registered() -> bool:
+            accepted = {line.get("driver") for line in agent.log()
+                        if line.get("event") == "registered with the kubelet"}
+            return accepted >= set(drivers)
+        await poll(registered, timeout=scaled(60), what=f"the kubelet accepting {', '.join(drivers)}")
+        await poll(lambda: _ready(metrics), timeout=scaled(60), what="the agent ready (its slices published)")
+        yield agent
+    except BaseException:
+        print(process.output()[-4000:])
+        raise
+    finally:
+        await process.stop()
+
+
+def _ready(metrics: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{metrics}/readyz", timeout=scaled(2)) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+async def finished_pod_log(cluster: RealCluster, namespace: str, name: str, *,
+                           timeout: float = scaled(120)) -> tuple[str, str]:
+    """Wait until the pod ran to its end; its phase (Succeeded or Failed) and its container's log, as
+    `kubectl logs` shows it."""
+    def phase() -> str | None:
+        pod = cluster.kubectl.get("pod", name, "-n", namespace) or {}
+        value = pod.get("status", {}).get("phase")
+        return value if value in ("Succeeded", "Failed") else None
+    ended: str = await poll(phase, timeout=timeout, what=f"pod {namespace}/{name} run to its end")
+    return ended, await cluster.run("logs", name, "-n", namespace)
