@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_cluster.cluster_env import GPU, NODE, RealCluster
+from tests.real_cluster.cluster_env import GPU, NODE, RealCluster, poll
 from tests.real_cluster.node_env import agent_on_real_node, finished_pod_log
 from tests.real_cluster.objects import claim, exactly, pod
+from tests.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 
@@ -50,7 +51,7 @@ async def test_a_pod_runs_and_its_output_is_read_back(real_node: RealCluster) ->
     assert f"api at 127.0.0.1:{real_node.plane.api_port}" in log, log
 
 
-async def test_the_kubelet_registers_the_agent_with_the_newest_dra_service(real_node: RealCluster,
+async def test_the_kubelet_registers_the_agent_with_the_newest_services(real_node: RealCluster,
                                                                             node_root: Path) -> None:
     assert real_node.worker is not None and real_node.worker.kubelet is not None
     kubelet_log = real_node.worker.kubelet.log
@@ -62,7 +63,12 @@ async def test_the_kubelet_registers_the_agent_with_the_newest_dra_service(real_
         assert 'chosenService="v1.DRAPlugin"' in registered[-1], registered[-1]
         endpoint = re.search(r'endpoint="([^"]+)"', registered[-1])
         assert endpoint is not None and endpoint.group(1) == str(agent.settings.plugins_dir / GPU / "dra.sock")
-        # The kubelet opens the health stream of a plugin that offers one.
+        # The kubelet opens the health stream of a plugin that offers one, the newest service both know.
+        def streams() -> list[str] | None:
+            opened = [line["service"] for line in agent.log()
+                      if line.get("event") == "the kubelet opened a health stream" and line.get("driver") == GPU]
+            return opened or None
+        assert await poll(streams, timeout=scaled(30), what="the kubelet's health stream") == ["v1.DRAResourceHealth"]
         assert 'dra_agent_health_stream_clients{driver="gpu.nvidia.com"} 1.0' in agent.scrape()
 
 
