@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
 import urllib.request
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -22,15 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.claims.checkpoint import Checkpoint
 from agent.settings import Settings
 from cluster.kubectl import Kubectl
 from cluster.worker import WorkerNode
 from simulator.node.variants import with_char_devices
 from tests.agent_env import AgentProcess, free_port, settings_for
 from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, RealCluster, poll
+from tests.real_cluster.objects import pod
 from tests.timing import scaled
 
-__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "start_agent_stand_in"]
+__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "node_image", "running_pod", "sleeper",
+           "start_agent_stand_in"]
 
 _AGENT_LABELS = {"app.kubernetes.io/name": "dra-agent"}
 
@@ -68,6 +73,29 @@ class AgentOnRealNode:
             except ValueError:
                 continue
         return lines
+
+    def checkpointed(self, driver: str) -> set[str]:
+        """The claims (uids) the driver's checkpoint holds as prepared or being prepared, read as a new agent would
+        read it (from a copy: the running agent keeps writing)."""
+        journal = self.settings.state_dir / driver / "checkpoint.journal"
+        if not journal.exists():
+            return set()
+        sim = self.settings.sim_root
+        assert sim is not None
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch) / "checkpoint.journal"
+            shutil.copyfile(journal, copy)
+            checkpoint = Checkpoint(copy, (sim / "proc/sys/kernel/random/boot_id").read_text().strip())
+            checkpoint.load()
+            claims = set(checkpoint.claims)
+            checkpoint.close()
+        return claims
+
+    def on_node(self, uid: str, drivers: Sequence[str] = (GPU,)) -> list[str]:
+        """What the node holds of claim `uid`: its CDI specs (by file name) and its checkpoint records (by
+        driver)."""
+        specs = sorted(p.name for p in self.settings.cdi_dir.glob(f"*{uid}*"))
+        return [*specs, *(f"checkpoint of {d}" for d in drivers if uid in self.checkpointed(d))]
 
     def scrape(self) -> str:
         with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=scaled(5)) as response:
@@ -118,6 +146,32 @@ def _ready(metrics: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def node_image(cluster: RealCluster) -> str:
+    """The test image (busybox) imported on the node."""
+    assert cluster.worker is not None
+    return cluster.worker.busybox
+
+
+def sleeper(cluster: RealCluster, namespace: str, name: str, claims: dict[str, str]) -> dict[str, Any]:
+    """A pod that runs until deleted. Its deletion is graceful (a second), so the kubelet ends it and lets it go:
+    a pod whose grace period is 0 is removed from the API at once, before the kubelet has even stopped it."""
+    made = pod(namespace, name, claims=claims, image=node_image(cluster), host_network=True,
+               command=["sleep", "2147483647"])
+    made["spec"]["terminationGracePeriodSeconds"] = 1
+    return made
+
+
+async def running_pod(cluster: RealCluster, namespace: str, name: str, *,
+                      timeout: float = scaled(120)) -> dict[str, Any]:
+    """The pod once its container runs."""
+    def running() -> dict[str, Any] | None:
+        found = cluster.kubectl.get("pod", name, "-n", namespace) or {}
+        statuses = found.get("status", {}).get("containerStatuses", [])
+        return found if statuses and all("running" in s.get("state", {}) for s in statuses) else None
+    started: dict[str, Any] = await poll(running, timeout=timeout, what=f"pod {namespace}/{name} running")
+    return started
 
 
 async def finished_pod_log(cluster: RealCluster, namespace: str, name: str, *,

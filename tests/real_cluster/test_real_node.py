@@ -12,18 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.real_cluster.cluster_env import GPU, NODE, RealCluster, poll
-from tests.real_cluster.node_env import agent_on_real_node, finished_pod_log
+from tests.real_cluster.node_env import agent_on_real_node, finished_pod_log, node_image
 from tests.real_cluster.objects import claim, exactly, pod
 from tests.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 
 SHARING = {"nvidia-gpu": {"sharing": {"byMemory": True}}}
-
-
-def node_image(cluster: RealCluster) -> str:
-    assert cluster.worker is not None
-    return cluster.worker.busybox
 
 
 async def test_the_node_is_ready_with_the_pinned_kubelet_and_containerd(real_node: RealCluster) -> None:
