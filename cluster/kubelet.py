@@ -113,7 +113,8 @@ class Kubelet:
     def start(self) -> None:
         """Write the configuration and start the kubelet; `wait_healthy` waits for it."""
         self.root_dir.mkdir(parents=True, exist_ok=True)
-        self.port, self.healthz_port = free_port(), free_port()
+        if not self.port:  # a restarted kubelet listens where it did, as it would with its settings unchanged
+            self.port, self.healthz_port = free_port(), free_port()
         config = self.folder / "kubelet.yaml"
         config.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         kubeconfig = write_kubeconfig(self.folder / "kubelet.kubeconfig", self.server, self.server_ca,

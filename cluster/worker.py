@@ -108,6 +108,16 @@ class WorkerNode:
         self.kubelet.wait_healthy(timeout)
         wait_for(lambda: self.ready(kubectl), timeout=timeout, what=f"node {self.name} Ready")
 
+    def restart_kubelet(self, *, timeout: float = 120.0) -> None:
+        """Stop the kubelet and start it again with the same settings, as after a node agent update; the pods keep
+        running in containerd meanwhile. Returns once it is healthy and the node Ready."""
+        assert self.kubelet is not None, "the node runs no kubelet"
+        self.kubelet.stop()
+        self.kubelet.start()
+        self.kubelet.wait_healthy(timeout)
+        kubectl = self.kubectl()
+        wait_for(lambda: self.ready(kubectl), timeout=timeout, what=f"node {self.name} Ready")
+
     def kubectl(self) -> Kubectl:
         return Kubectl(self.plane.binaries / "kubectl", self.plane.admin_kubeconfig)
 
