@@ -5,6 +5,7 @@ agent killed while pods start (every pod starts once, nothing leaks)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.real_cluster.cluster_env import GPU, NODE, KubectlError, RealCluster, poll
 from tests.real_cluster.node_env import agent_on_real_node, running_pod, sleeper
-from tests.real_cluster.objects import claim, exactly
+from tests.real_cluster.objects import claim, exactly, template
 from tests.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
@@ -83,3 +84,52 @@ async def test_a_restarted_kubelet_wipes_the_slices_and_the_agent_publishes_them
             return gpus_in_log(real_node.kubectl.run("logs", "after", "-n", ns)) or None
         [after_gpu] = await poll(after_listed, timeout=scaled(30), what="the new pod's GPU listing")
         assert [after_gpu] != await poll(listed, timeout=scaled(30), what="the running pod's GPU listing")
+
+
+async def test_an_agent_killed_while_pods_start_starts_every_pod_once(real_node: RealCluster, node_root: Path) -> None:
+    """SIGKILL once the first of six pods' claims is prepared, the others on their way: the kubelet retries the
+    rest against the restarted agent, every pod runs with a GPU of its own, and once they are deleted nothing is
+    left on the node."""
+    names = [f"pod-{i}" for i in range(6)]
+    async with agent_on_real_node(real_node, node_root) as agent:
+        ns = await real_node.namespace("agent-killed")
+        pods = []
+        for name in names:
+            made = gpu_lister(real_node, ns, name)
+            made["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+            pods.append(made)
+        await real_node.apply([template(ns, "gpu", [exactly("gpu", GPU)]), *pods])
+
+        def prepared() -> list[dict[str, Any]] | None:
+            return [line for line in agent.log() if line.get("event") == "prepared claim"] or None
+        await poll(prepared, timeout=scaled(60), what="a first claim prepared", interval=0.02)
+        await agent.process.signal(signal.SIGKILL)
+        await agent.process.wait()
+        started_before = len(prepared() or [])
+        await agent.process.start()
+        assert agent.process.process is not None
+        real_node.loopback.watch([agent.process.process.pid])
+
+        gpus, uids = {}, []
+        for name in names:
+            running = await running_pod(real_node, ns, name, timeout=scaled(180))
+            [status] = running["status"]["containerStatuses"]
+            assert status["restartCount"] == 0, status
+            [claim_status] = running["status"]["resourceClaimStatuses"]
+            uids.append((await real_node.allocated(ns, claim_status["resourceClaimName"]))["metadata"]["uid"])
+            def listed(pod_name: str = name) -> list[str] | None:
+                return gpus_in_log(real_node.kubectl.run("logs", pod_name, "-n", ns)) or None
+            gpus[name] = await poll(listed, timeout=scaled(30), what=f"pod {name}'s GPU listing")
+        assert all(len(found) == 1 for found in gpus.values()), gpus
+        assert len({found[0] for found in gpus.values()}) == len(names), f"a GPU in two pods: {gpus}"
+        # Each claim prepared by one of the two agents, once: its CDI spec and its checkpoint record.
+        for uid in uids:
+            assert len([f for f in agent.on_node(uid) if f.endswith(".json")]) == 1, agent.on_node(uid)
+        assert agent.checkpointed(GPU) == set(uids)
+        prepared_after = len(prepared() or []) - started_before
+        assert started_before + prepared_after >= len(names)
+
+        await real_node.run("delete", "pods", "--all", "-n", ns, "--wait=true", f"--timeout={scaled(120):.0f}s")
+        leaks = {uid: agent.on_node(uid) for uid in uids if agent.on_node(uid)}
+        assert not leaks, leaks
+        assert agent.checkpointed(GPU) == set()
