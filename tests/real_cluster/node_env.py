@@ -30,14 +30,16 @@ from cluster.kubectl import Kubectl
 from cluster.worker import WorkerNode
 from simulator.node.variants import with_char_devices
 from tests.agent_env import AgentProcess, free_port, settings_for
-from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, RealCluster, poll
+from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, KubectlError, RealCluster, poll
 from tests.real_cluster.objects import pod
 from tests.timing import scaled
 
-__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "node_image", "running_pod", "sleeper",
+__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "node_image", "reported", "reporter",
+           "running_pod", "sleeper",
            "start_agent_stand_in"]
 
 _AGENT_LABELS = {"app.kubernetes.io/name": "dra-agent"}
+_DONE = "-- reported --"
 
 
 def start_agent_stand_in(kubectl: Kubectl, worker: WorkerNode) -> None:
@@ -106,10 +108,10 @@ class AgentOnRealNode:
 @asynccontextmanager
 async def agent_on_real_node(cluster: RealCluster, root: Path, profile: str = "dgx-h100", *,
                              backend_config: Mapping[str, Any] | None = None,
-                             drivers: Sequence[str] = (GPU,)) -> AsyncIterator[AgentOnRealNode]:
-    """Start the agent on a simulated node under `root` (`profile` with character devices) registered with the
-    node's kubelet; return once the kubelet accepted every driver in `drivers` and the agent is ready (its slices
-    published). Stopped at the end."""
+                             drivers: Sequence[str] = (GPU,), **extra: Any) -> AsyncIterator[AgentOnRealNode]:
+    """Start the agent on a simulated node under `root` (`profile` with character devices, `extra` settings)
+    registered with the node's kubelet; return once the kubelet accepted every driver in `drivers` and the agent is
+    ready (its slices published). Stopped at the end."""
     worker = cluster.worker
     assert worker is not None and worker.kubelet is not None, "the cluster's node runs no kubelet"
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
@@ -118,7 +120,7 @@ async def agent_on_real_node(cluster: RealCluster, root: Path, profile: str = "d
     metrics = f"127.0.0.1:{free_port()}"
     settings = settings_for(root, kubeconfig, str(char_profile), node_name=NODE, metrics_address=metrics,
                             registry_dir=worker.kubelet.registry_dir, plugins_dir=worker.kubelet.plugins_dir,
-                            cdi_dir=worker.cdi_dir, cdi_host_root=root / "node", log_level="info")
+                            cdi_dir=worker.cdi_dir, cdi_host_root=root / "node", log_level="info", **extra)
     env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(dict(backend_config))} if backend_config else None
     process = AgentProcess(settings, env)
     await process.start()
@@ -172,6 +174,26 @@ async def running_pod(cluster: RealCluster, namespace: str, name: str, *,
         return found if statuses and all("running" in s.get("state", {}) for s in statuses) else None
     started: dict[str, Any] = await poll(running, timeout=timeout, what=f"pod {namespace}/{name} running")
     return started
+
+
+async def reported(cluster: RealCluster, namespace: str, name: str, *, timeout: float = scaled(120)) -> str:
+    """The output of a pod made with `reporter`, once it has run its commands (the pod keeps running, and so keeps
+    its claims allocated)."""
+    def done() -> str | None:
+        try:
+            log = cluster.kubectl.run("logs", name, "-n", namespace)
+        except KubectlError:  # not started yet
+            return None
+        return log if _DONE in log.splitlines() else None
+    log: str = await poll(done, timeout=timeout, what=f"pod {namespace}/{name} reporting")
+    return log
+
+
+def reporter(cluster: RealCluster, namespace: str, name: str, claims: dict[str, str], script: str) -> dict[str, Any]:
+    """A pod with `claims` that runs the shell `script` and then sleeps until deleted (see `reported`)."""
+    made = sleeper(cluster, namespace, name, claims)
+    made["spec"]["containers"][0]["command"] = ["sh", "-c", f"{script}; echo {_DONE}; exec sleep 2147483647"]
+    return made
 
 
 async def finished_pod_log(cluster: RealCluster, namespace: str, name: str, *,
