@@ -1,6 +1,7 @@
 """The real-cluster tier's fixtures: one control plane for the whole run (in one worker: every test module of the
 tier is in the xdist group "real-cluster"), the simulated node registered, deploy/ applied; and, for the tests of
-the node itself (`real_node`), a second cluster whose node runs the kubelet and containerd.
+the node itself (`real_node`, their modules in the xdist group "real-node", so another worker runs them beside the
+rest of the tier), a second cluster whose node runs the kubelet and containerd.
 
 The binaries come from cluster/build.sh. Without them the tier skips with one line saying how to build them;
 under CI=true it fails instead, so a CI run can never pass without it.

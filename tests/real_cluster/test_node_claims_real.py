@@ -16,7 +16,7 @@ from tests.real_cluster.node_env import agent_on_real_node, running_pod, sleeper
 from tests.real_cluster.objects import claim, exactly
 from tests.timing import scaled
 
-pytestmark = pytest.mark.xdist_group("real-cluster")
+pytestmark = pytest.mark.xdist_group("real-node")
 
 API = "dra-agent.io/v1alpha1"
 VF = "vf.sriov.dra-agent.io"

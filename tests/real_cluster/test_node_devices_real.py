@@ -15,7 +15,7 @@ from tests.real_cluster.cluster_env import GPU, SRIOV, RealCluster
 from tests.real_cluster.node_env import agent_on_real_node, reported, reporter
 from tests.real_cluster.objects import claim, exactly
 
-pytestmark = pytest.mark.xdist_group("real-cluster")
+pytestmark = pytest.mark.xdist_group("real-node")
 
 API = "dra-agent.io/v1alpha1"
 RDMA_VF = "rdma-vf.sriov.dra-agent.io"

@@ -17,7 +17,7 @@ from tests.real_cluster.node_env import agent_on_real_node, running_pod, sleeper
 from tests.real_cluster.objects import claim, exactly
 from tests.timing import scaled
 
-pytestmark = pytest.mark.xdist_group("real-cluster")
+pytestmark = pytest.mark.xdist_group("real-node")
 
 GPU_ZERO = "gpu-0000-18-00-0"  # the device the selector below picks
 ONLY_GPU_ZERO = 'device.attributes["resource.kubernetes.io"].pciBusID == "0000:18:00.0"'

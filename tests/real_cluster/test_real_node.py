@@ -16,7 +16,7 @@ from tests.real_cluster.node_env import agent_on_real_node, finished_pod_log, no
 from tests.real_cluster.objects import claim, exactly, pod
 from tests.timing import scaled
 
-pytestmark = pytest.mark.xdist_group("real-cluster")
+pytestmark = pytest.mark.xdist_group("real-node")
 
 SHARING = {"nvidia-gpu": {"sharing": {"byMemory": True}}}
 
