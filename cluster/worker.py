@@ -29,6 +29,7 @@ from cluster.images import busybox_image, pause_image, write_archive
 from cluster.incluster import node_objects
 from cluster.kubectl import Kubectl
 from cluster.kubelet import Kubelet
+from cluster.leftovers import CGROUP_PREFIX
 from cluster.mounts import unmount_below
 from cluster.runtime import Containerd
 
@@ -71,7 +72,7 @@ class WorkerNode:
 
     @property
     def cgroup(self) -> str:
-        return f"dra-agent-cluster-{self.plane.folder.name}"
+        return f"{CGROUP_PREFIX}{self.plane.folder.name}"
 
     def start(self, *, timeout: float = 120.0) -> None:
         """Start containerd and the kubelet; return once the node is Ready."""

@@ -21,6 +21,7 @@ import cluster
 from cluster.controlplane import ControlPlane
 from cluster.incluster import apply_deploy
 from cluster.kubectl import Kubectl
+from cluster.leftovers import remove_abandoned_nodes
 from cluster.loopback import LoopbackWatch
 from cluster.node import register_node
 from cluster.worker import WorkerNode
@@ -82,6 +83,8 @@ def real_node(request: pytest.FixtureRequest, loopback_watch: LoopbackWatch) -> 
     """A cluster whose node `127.0.0.1` runs containerd and the kubelet (Ready), deploy/ applied without the
     DaemonSet, and the pod that stands in for the agent's running on the node (see node_env)."""
     binaries, node_binaries = built_binaries(), built_binaries("node")
+    for removed in remove_abandoned_nodes(Path(tempfile.gettempdir())):
+        print(f"removed the leftovers of a node of a killed run: {removed}")
     folder = Path(tempfile.mkdtemp(prefix="dra-rn-"))  # short: the shims' socket paths are below it
     plane = ControlPlane(folder, binaries, with_kubelet=True, node_name=NODE,
                          verbosity=int(os.environ.get(VERBOSITY, "1")))
