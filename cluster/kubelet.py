@@ -72,9 +72,12 @@ class Kubelet:
     component: Component | None = field(default=None, repr=False)
     kernel_settings: dict[str, str] = field(default_factory=dict)
 
+    root: Path | None = None
+    """The kubelet's root folder (`--root-dir`); `<folder>/root` unless given."""
+
     @property
     def root_dir(self) -> Path:
-        return self.folder / "root"
+        return self.root if self.root is not None else self.folder / "root"
 
     @property
     def registry_dir(self) -> Path:
@@ -112,7 +115,8 @@ class Kubelet:
 
     def start(self) -> None:
         """Write the configuration and start the kubelet; `wait_healthy` waits for it."""
-        self.root_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (self.folder, self.root_dir):
+            folder.mkdir(parents=True, exist_ok=True)
         if not self.port:  # a restarted kubelet listens where it did, as it would with its settings unchanged
             self.port, self.healthz_port = free_port(), free_port()
         config = self.folder / "kubelet.yaml"

@@ -1,9 +1,10 @@
 """The node of a cluster as the kubelet runs it: containerd with the node's images, and the kubelet, registered as
 node `127.0.0.1` of a control plane started with `with_kubelet=True`.
 
-Everything is under `<control plane folder>/node`: containerd's files (`containerd/`), the kubelet's (`kubelet/`,
-its plugin folders below `kubelet/root`), the image archives, and `cdi/`, the one folder containerd reads CDI specs
-from, where the agent on the node writes them. Outside it the node uses: its own cgroup in each hierarchy (removed
+Everything is under `<control plane folder>/node`: containerd's files (`containerd/`), the kubelet's (`kubelet/`),
+the image archives, and `cdi/`, the one folder containerd reads CDI specs from, where the agent on the node writes
+them; but for the kubelet's root folder with its plugin folders, `<control plane folder>/k` (`kubelet_root` says
+why). Outside them the node uses: its own cgroup in each hierarchy (removed
 at the end, `cluster.cgroups`), the kernel settings the kubelet changes (put back at the end, `cluster.kubelet`),
 and two folders whose paths are fixed in the kubelet, no setting moves them: /var/log/containers (a link to each
 container's log) and /var/lib/kubelet/device-plugins (the device-plugin manager's socket and checkpoint). The
@@ -66,6 +67,13 @@ class WorkerNode:
         return self.plane.folder / "node"
 
     @property
+    def kubelet_root(self) -> Path:
+        """The kubelet's root folder, `<control plane folder>/k`: short, as the DRA sockets below it carry a pod UID
+        during a rolling update (`plugins_registry/<driver>-<pod UID>-reg.sock`), and a unix socket's path may
+        not exceed 107 bytes; under `node/kubelet/` it would."""
+        return self.plane.folder / "k"
+
+    @property
     def cdi_dir(self) -> Path:
         """Where containerd reads CDI specs: the agent on this node writes its specs here (`--cdi-dir`)."""
         return self.folder / "cdi"
@@ -104,7 +112,8 @@ class WorkerNode:
         self.kubelet = Kubelet(
             self.folder / "kubelet", self.plane.binaries, self.name, self.plane.server, pki.server_ca.cert,
             pki.client_ca.cert, pki.clients[f"kubelet-{self.name}"], pki.kubelet_serving[self.name],
-            self.containerd.endpoint, self.cgroup, logs, verbosity=max(self.plane.verbosity, _KUBELET_VERBOSITY))
+            self.containerd.endpoint, self.cgroup, logs, verbosity=max(self.plane.verbosity, _KUBELET_VERBOSITY),
+            root=self.kubelet_root)
         self.kubelet.start()
         self.kubelet.wait_healthy(timeout)
         wait_for(lambda: self.ready(kubectl), timeout=timeout, what=f"node {self.name} Ready")
@@ -144,6 +153,7 @@ class WorkerNode:
             self.containerd = None
         remove_cgroup(self.cgroup)
         unmount_below(self.folder)
+        unmount_below(self.kubelet_root)
         self._clean_host()
 
     def _clean_host(self) -> None:
