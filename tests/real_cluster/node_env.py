@@ -93,6 +93,17 @@ class AgentOnRealNode:
             checkpoint.close()
         return claims
 
+    def preparations(self, driver: str) -> dict[str, int]:
+        """How many times the driver's checkpoint recorded a claim's preparation beginning (its `started`
+        records), by claim: one for a claim prepared once, however often the kubelet asked."""
+        journal = self.settings.state_dir / driver / "checkpoint.journal"
+        counts: dict[str, int] = {}
+        for line in journal.read_text().splitlines() if journal.exists() else []:
+            record = json.loads(line.partition(" ")[2])
+            if record.get("op") == "claim" and record["claim"]["state"] == "started":
+                counts[record["claim"]["uid"]] = counts.get(record["claim"]["uid"], 0) + 1
+        return counts
+
     def on_node(self, uid: str, drivers: Sequence[str] = (GPU,)) -> list[str]:
         """What the node holds of claim `uid`: its CDI specs (by file name) and its checkpoint records (by
         driver)."""
@@ -129,6 +140,7 @@ async def agent_on_real_node(cluster: RealCluster, root: Path, profile: str = "d
     agent = AgentOnRealNode(cluster, settings, process, metrics)
     try:
         def registered() -> bool:
+            assert process.process is not None and process.process.returncode is None, "the agent exited"
             accepted = {line.get("driver") for line in agent.log()
                         if line.get("event") == "registered with the kubelet"}
             return accepted >= set(drivers)

@@ -1,18 +1,21 @@
 """Restarts on the node as the real kubelet and containerd go through them: the kubelet restarted (it wipes the
 node's slices when it starts, the agent publishes them again, running pods keep their devices, new pods start); the
-agent killed while pods start (every pod starts once, nothing leaks)."""
+agent killed while pods start (every pod starts once, nothing leaks); a rolling update, two instances side by side
+(pods keep starting, each claim prepared once)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.agent_env import AgentProcess, free_port
 from tests.real_cluster.cluster_env import GPU, NODE, KubectlError, RealCluster, poll
-from tests.real_cluster.node_env import agent_on_real_node, running_pod, sleeper
+from tests.real_cluster.node_env import AgentOnRealNode, agent_on_real_node, running_pod, sleeper
 from tests.real_cluster.objects import claim, exactly, template
 from tests.timing import scaled
 
@@ -76,6 +79,9 @@ async def test_a_restarted_kubelet_wipes_the_slices_and_the_agent_publishes_them
         [status] = now["status"]["containerStatuses"]
         assert (status["containerID"], status["restartCount"]) == (container["containerID"], 0), status
         assert agent.on_node(before_uid), "the running pod's claim was unprepared"
+        assert agent.preparations(GPU) == {before_uid: 1}
+        # The restarted kubelet knows the claim prepared from its own checkpoint: it does not ask again.
+        assert len([line for line in agent.log() if line.get("event") == "prepared claim"]) == 1
 
         # A pod started after the restart gets a GPU of its own.
         await real_node.apply([claim(ns, "after", [exactly("gpu", GPU)]), gpu_lister(real_node, ns, "after")])
@@ -105,7 +111,6 @@ async def test_an_agent_killed_while_pods_start_starts_every_pod_once(real_node:
         await poll(prepared, timeout=scaled(60), what="a first claim prepared", interval=0.02)
         await agent.process.signal(signal.SIGKILL)
         await agent.process.wait()
-        started_before = len(prepared() or [])
         await agent.process.start()
         assert agent.process.process is not None
         real_node.loopback.watch([agent.process.process.pid])
@@ -126,10 +131,68 @@ async def test_an_agent_killed_while_pods_start_starts_every_pod_once(real_node:
         for uid in uids:
             assert len([f for f in agent.on_node(uid) if f.endswith(".json")]) == 1, agent.on_node(uid)
         assert agent.checkpointed(GPU) == set(uids)
-        prepared_after = len(prepared() or []) - started_before
-        assert started_before + prepared_after >= len(names)
+        assert agent.preparations(GPU) == dict.fromkeys(uids, 1), "a claim's preparation began twice"
 
         await real_node.run("delete", "pods", "--all", "-n", ns, "--wait=true", f"--timeout={scaled(120):.0f}s")
         leaks = {uid: agent.on_node(uid) for uid in uids if agent.on_node(uid)}
         assert not leaks, leaks
         assert agent.checkpointed(GPU) == set()
+
+
+async def test_a_rolling_update_keeps_pods_starting_and_prepares_each_claim_once(real_node: RealCluster,
+                                                                                  node_root: Path) -> None:
+    """Two instances side by side as the DaemonSet's maxSurge runs them (`--pod-uid`: sockets of their own, one
+    shared state): pods go on being created before, while and after the new instance registers and the old one is
+    stopped (SIGTERM); every pod runs with a GPU of its own, each claim is prepared once, and the new instance
+    unprepares them all, the old one's too."""
+    names = [f"pod-{i}" for i in range(6)]
+    async with agent_on_real_node(real_node, node_root, pod_uid=str(uuid.uuid4())) as old:
+        ns = await real_node.namespace("rolling")
+        await real_node.apply(template(ns, "gpu", [exactly("gpu", GPU)]))
+
+        async def create(name: str) -> None:
+            made = gpu_lister(real_node, ns, name)
+            made["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+            await real_node.apply(made)
+
+        for name in names[:2]:
+            await create(name)
+        settings = old.settings.model_copy(update={"pod_uid": str(uuid.uuid4()),
+                                                   "metrics_address": f"127.0.0.1:{free_port()}"})
+        process = AgentProcess(settings, old.process.env)
+        process.log = node_root / "new-instance.log"
+        await process.start()
+        assert process.process is not None
+        real_node.loopback.watch([process.process.pid])
+        new = AgentOnRealNode(real_node, settings, process, settings.metrics_address or "")
+        try:
+            await create(names[2])
+            await poll(lambda: {line.get("driver") for line in new.log()
+                                if line.get("event") == "registered with the kubelet"} >= {GPU} or None,
+                       timeout=scaled(60), what="the new instance registered with the kubelet")
+            await create(names[3])
+            await old.process.signal(signal.SIGTERM)
+            await create(names[4])
+            assert await old.process.wait(timeout=scaled(30)) == 0
+            await create(names[5])
+
+            gpus, uids = {}, []
+            for name in names:
+                running = await running_pod(real_node, ns, name, timeout=scaled(180))
+                [claim_status] = running["status"]["resourceClaimStatuses"]
+                uids.append((await real_node.allocated(ns, claim_status["resourceClaimName"]))["metadata"]["uid"])
+                def listed(pod_name: str = name) -> list[str] | None:
+                    return gpus_in_log(real_node.kubectl.run("logs", pod_name, "-n", ns)) or None
+                gpus[name] = await poll(listed, timeout=scaled(30), what=f"pod {name}'s GPU listing")
+            assert len({found[0] for found in gpus.values() if len(found) == 1}) == len(names), gpus
+            assert new.preparations(GPU) == dict.fromkeys(uids, 1), "a claim's preparation began twice"
+            for uid in uids:
+                assert len([f for f in new.on_node(uid) if f.endswith(".json")]) == 1, new.on_node(uid)
+            assert new.checkpointed(GPU) == set(uids)
+
+            await real_node.run("delete", "pods", "--all", "-n", ns, "--wait=true", f"--timeout={scaled(120):.0f}s")
+            assert {uid: new.on_node(uid) for uid in uids if new.on_node(uid)} == {}
+            unprepared = [line["claim"] for line in new.log() if line.get("event") == "unprepared claim"]
+            assert sorted(c.rpartition(":")[2] for c in unprepared) == sorted(uids)
+        finally:
+            await process.stop()
