@@ -23,8 +23,8 @@ Command = Callable[[Settings, str, TextIO, TextIO], Coroutine[Any, Any, int]]
 # Flags that map one-to-one onto settings (argparse dest == setting name).
 _SETTING_FLAGS = (
     "node_name", "log_level", "log_format", "simulate", "sim_root", "sysfs_root", "dev_root", "host_root",
-    "driver_root", "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "state_dir", "pod_uid",
-    "metrics_address", "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
+    "driver_root", "backends", "kubeconfig", "registry_dir", "plugins_dir", "cdi_dir", "cdi_host_root", "state_dir",
+    "pod_uid", "metrics_address", "health_timeout", "no_execute", "reap_interval", "reap_grace", "host_netns",
     "claim_status", "device_metadata", "allowed_configs",
 )
 
@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--plugins-dir", dest="plugins_dir", type=Path, metavar="DIR",
                        help="kubelet plugins directory (/var/lib/kubelet/plugins)")
     group.add_argument("--cdi-dir", dest="cdi_dir", type=Path, metavar="DIR", help="CDI spec directory (/var/run/cdi)")
+    group.add_argument("--cdi-host-root", dest="cdi_host_root", type=Path, metavar="DIR",
+                       help="where the container runtime sees the host root; claims' CDI specs name host paths "
+                            "below it (/; a simulated node's root when this machine's runtime runs its pods)")
     group.add_argument("--state-dir", dest="state_dir", type=Path, metavar="DIR",
                        help="checkpoint directory (/var/lib/dra-agent)")
     group.add_argument("--pod-uid", dest="pod_uid", metavar="UID",

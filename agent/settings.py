@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     """Each driver's DRA socket goes to <plugins_dir>/<driver>/."""
     cdi_dir: Path = Path("/var/run/cdi")
     """Where CDI specs are written for the container runtime."""
+    cdi_host_root: Path = Path("/")
+    """Where the container runtime reading the CDI specs sees the host root: the host paths of claims' specs are
+    written below it. / for a runtime on the host; a simulated node's root for the machine's own runtime, which
+    finds the node's /dev entries and driver files there."""
     state_dir: Path = Path("/var/lib/dra-agent")
     """The checkpoint of prepared claims, per driver."""
     pod_uid: str | None = None

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from cdi.host_root import rooted, unrooted
 from cdi.names import (
     MAX_SPEC_FILE_NAME,
     CdiNameError,
@@ -49,11 +50,14 @@ class SpecStore:
     `<vendor>-<class>_` part, for files named by another convention, such as the device metadata specs').
 
     Calls block on the file system and are safe from several threads as long as they name distinct ids.
-    Files of other kinds are never touched.
+    Files of other kinds are never touched. With `runtime_root`, the host paths of the specs are written below it
+    and read back relative to it (see `cdi.host_root`).
     """
 
-    def __init__(self, directory: Path, vendor: str, cls: str, *, file_prefix: str | None = None) -> None:
+    def __init__(self, directory: Path, vendor: str, cls: str, *, file_prefix: str | None = None,
+                 runtime_root: str = "/") -> None:
         self.directory = Path(directory)
+        self.runtime_root = runtime_root
         self.vendor = vendor
         self.cls = cls
         self.kind = f"{vendor}/{cls}"
@@ -75,6 +79,7 @@ class SpecStore:
 
     def write(self, transient_id: str, spec: Spec) -> Path:
         """Validate `spec`, then replace the file of `transient_id` atomically; returns its path."""
+        spec = rooted(spec, self.runtime_root)
         problems = validate_spec(spec)
         if spec.kind != self.kind:
             problems.insert(0, f"kind {spec.kind!r} is not this directory's kind {self.kind!r}")
@@ -96,7 +101,7 @@ class SpecStore:
             data = self.path(transient_id).read_bytes()
         except FileNotFoundError:
             return None
-        return Spec.from_json(data)
+        return unrooted(Spec.from_json(data), self.runtime_root)
 
     def exists(self, transient_id: str) -> bool:
         target = self.path(transient_id)

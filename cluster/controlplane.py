@@ -14,7 +14,10 @@ What differs from upstream's script, and why:
 
 Without a kubelet (`with_kubelet=False`) the node lifecycle controller is left out: nothing would renew the
 node's lease, the controller would taint the node unreachable after its grace period, and the scheduler would
-place nothing there.
+place nothing there. With one (`cluster.worker` starts it), the controller runs, the certificates include the
+kubelet's client and serving pairs for `node_name`, and the API server checks the kubelet's serving certificate
+against the server CA that signed it (`--kubelet-certificate-authority`), as a cluster whose kubelets hold
+certificates of its own CA is set up.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class ControlPlane:
     folder: Path
     binaries: Path
     with_kubelet: bool = False
+    node_name: str = "127.0.0.1"
+    """The kubelet's node, when there is one."""
     verbosity: int = 1
     apiserver_args: Sequence[str] = ()
     """More kube-apiserver flags, after the ones it is always started with (e.g. an admission configuration)."""
@@ -89,7 +94,8 @@ class ControlPlane:
         """Generate the certificates and start etcd, the API server, the controller manager and the scheduler,
         each once the one before is ready."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        pki = self.pki = Pki.create(self.folder / "pki", service_ip=_SERVICE_IP)
+        pki = self.pki = Pki.create(self.folder / "pki", service_ip=_SERVICE_IP,
+                                    nodes=[self.node_name] if self.with_kubelet else [])
         self.api_port = free_port()
         write_kubeconfig(self.admin_kubeconfig, self.server, pki.server_ca.cert, client=pki.clients["admin"],
                          user="admin")
@@ -137,6 +143,7 @@ class ControlPlane:
             f"--kubelet-client-certificate={pki.clients['kube-apiserver'].cert}",
             f"--kubelet-client-key={pki.clients['kube-apiserver'].key}",
             "--kubelet-preferred-address-types=Hostname",
+            *([f"--kubelet-certificate-authority={pki.server_ca.cert}"] if self.with_kubelet else []),
             f"--service-account-key-file={pki.service_account_key}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             "--service-account-issuer=https://kubernetes.default.svc",

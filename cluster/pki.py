@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -112,11 +112,13 @@ class Pki:
     serving: Pair
     service_account_key: Path
     clients: dict[str, Pair]
+    kubelet_serving: dict[str, Pair] = field(default_factory=dict)
+    """Per node, its kubelet's serving pair, signed by the server CA (the API server checks it against that CA)."""
 
     @classmethod
     def create(cls, folder: Path, *, service_ip: str, nodes: Sequence[str] = ()) -> Pki:
-        """Make the CAs, the API server's serving pair, one client pair per control-plane identity (and one per
-        node in `nodes`, as its kubelet would hold), and the service-account key."""
+        """Make the CAs, the API server's serving pair, one client pair per control-plane identity (and for each
+        node in `nodes` the client and serving pairs its kubelet holds), and the service-account key."""
         folder.mkdir(parents=True, exist_ok=True)
         server = _Authority(folder, "server")
         client = _Authority(folder, "client")
@@ -138,10 +140,23 @@ class Pki:
         clients = {id_: client.sign(f"client-{id_}", _name(cn, orgs), server=False)
                    for id_, (cn, orgs) in identities.items()}
         clients["auth-proxy"] = request_header.sign("client-auth-proxy", _name("system:auth-proxy"), server=False)
+        kubelet_serving = {node: server.sign(f"serving-kubelet-{node}", _name(f"system:node:{node}"), server=True,
+                                             **_subject_names(node))
+                           for node in nodes}
         # RSA, as upstream's script makes it: tokens are signed RS256, which every client library verifies.
         service_account_key = folder / "service-account.key"
         _write_key(rsa.generate_private_key(public_exponent=65537, key_size=2048), service_account_key)
-        return cls(folder, server.pair, client.pair, request_header.pair, serving, service_account_key, clients)
+        return cls(folder, server.pair, client.pair, request_header.pair, serving, service_account_key, clients,
+                   kubelet_serving)
+
+
+def _subject_names(host: str) -> dict[str, list[str]]:
+    """A serving certificate's names for a host: its address when the name is one, else the name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return {"dns": [host]}
+    return {"ips": [host]}
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, *, client: Pair | None = None, token: str | None = None,

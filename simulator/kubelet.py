@@ -45,7 +45,6 @@ DIAL_TIMEOUT = scaled(10.0)
 GET_INFO_TIMEOUT = scaled(1.0)
 NOTIFY_TIMEOUT = scaled(5.0)
 DEFAULT_HEALTH_TIMEOUT = 30.0  # what a report without a timeout means to the health cache, not a wait
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 MAX_HEALTH_MESSAGE = 1024
 _VERSIONS: dict[str, DraVersion] = {"v1.DRAPlugin": "v1", "v1beta1.DRAPlugin": "v1beta1"}
 _POLL = 0.02
@@ -164,7 +163,7 @@ class KubeletSimulator:
     def _add(self, plugin: Plugin) -> Plugin:
         self._plugins.setdefault(plugin.driver, []).append(plugin)
         self._by_socket[plugin.socket_path] = plugin
-        if self._health_enabled and HEALTH_SERVICE in plugin.info.supported_versions:
+        if self._health_enabled and plugin.health_service is not None:
             plugin._health_task = asyncio.create_task(self._watch_health(plugin))
         self.failures.pop(str(plugin.socket_path), None)
         self._changed()
@@ -259,7 +258,8 @@ class KubeletSimulator:
     async def _watch_health(self, plugin: Plugin) -> None:
         while True:
             try:
-                async with contextlib.aclosing(health_stream(plugin._channel)) as stream:
+                assert plugin.health_service is not None
+                async with contextlib.aclosing(health_stream(plugin._channel, plugin.health_service)) as stream:
                     async for reports in stream:
                         self._record(plugin.driver, reports)
             except grpc.aio.AioRpcError as e:

@@ -13,7 +13,14 @@ from typing import TypeVar, cast
 import grpc
 
 from agent.claims.results import ClaimResult
-from agent.kubelet.services import DeviceHealthReport, DraClient, DraVersion, PluginInfo, watch_health
+from agent.kubelet.services import (
+    HEALTH_SERVICES,
+    DeviceHealthReport,
+    DraClient,
+    DraVersion,
+    PluginInfo,
+    watch_health,
+)
 from backends.contract import ClaimRef
 from simulator.timing import scaled
 
@@ -101,6 +108,12 @@ class Plugin:
         return f"Plugin({self.driver!r}, {self.endpoint!r}, {self.version!r})"
 
     @property
+    def health_service(self) -> str | None:
+        """The health stream's service the kubelet uses with this plugin: the first of its own (a 1.37 kubelet
+        prefers v1 to v1alpha1) that the plugin offers; None when it offers none."""
+        return next((s for s in HEALTH_SERVICES if s in self.info.supported_versions), None)
+
+    @property
     def connected(self) -> bool:
         return self._channel.get_state() == grpc.ChannelConnectivity.READY
 
@@ -130,7 +143,8 @@ class Plugin:
     async def health(self) -> AsyncIterator[list[DeviceHealthReport]]:
         """The raw NodeWatchResources stream: one full device list per message."""
         try:
-            async with contextlib.aclosing(health_stream(self._channel)) as stream:
+            async with contextlib.aclosing(health_stream(self._channel, self.health_service or HEALTH_SERVICES[0])
+                                           ) as stream:
                 async for reports in stream:
                     yield reports
         except grpc.aio.AioRpcError as e:
@@ -144,6 +158,6 @@ class Plugin:
         await self._channel.close()
 
 
-def health_stream(channel: grpc.aio.Channel) -> AsyncGenerator[list[DeviceHealthReport], None]:
+def health_stream(channel: grpc.aio.Channel, service: str) -> AsyncGenerator[list[DeviceHealthReport], None]:
     # watch_health is an async generator; closing it promptly ends the RPC instead of leaving it to the GC.
-    return cast("AsyncGenerator[list[DeviceHealthReport], None]", watch_health(channel))
+    return cast("AsyncGenerator[list[DeviceHealthReport], None]", watch_health(channel, service))

@@ -88,6 +88,8 @@ def flags_for(settings: Settings) -> list[str]:
         flags += ["--backends", ",".join(settings.backends)]
     if settings.metrics_address:
         flags += ["--metrics-address", settings.metrics_address]
+    if settings.cdi_host_root != Path("/"):
+        flags += ["--cdi-host-root", str(settings.cdi_host_root)]
     for name in ("reap_interval", "reap_grace"):
         value = getattr(settings, name)
         if value != Settings.model_fields[name].default:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cdi import CdiNameError, CdiSpecError, ContainerEdits, Device, DeviceNode, Spec, SpecStore
+from cdi import CdiNameError, CdiSpecError, ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, SpecStore
 from tests.cdi_schema import cdi_schema_errors
 
 VENDOR, CLASS = "k8s.gpu.nvidia.com", "claim"
@@ -228,3 +229,39 @@ def test_distinct_ids_from_many_threads(store: SpecStore) -> None:
     survivors = [u for u in uids if not u.startswith("0000000")]
     assert store.list_ids() == sorted(survivors)
     assert not [n for n in files(store.directory) if n.endswith(".tmp")]
+
+
+def test_host_paths_are_written_below_the_runtimes_root_and_read_back(scratch: Path) -> None:
+    """A runtime that sees the host root at a folder (this machine's containerd reading a simulated node's specs)
+    finds every host path of a spec below that folder; reading the spec back gives what the backend wrote."""
+    root = "/dev/shm/node"
+    store = SpecStore(scratch / "cdi", VENDOR, CLASS, runtime_root=root)
+    common = ContainerEdits(device_nodes=(DeviceNode("/dev/nvidiactl"),),
+                            mounts=(Mount("/usr/lib/libnvidia-ml.so.1", "/usr/lib/libnvidia-ml.so.1"),),
+                            hooks=(Hook("createContainer", "/usr/bin/nvidia-cdi-hook"),), env=("A=/usr",))
+    device = ContainerEdits(device_nodes=(DeviceNode("/dev/nvidia0", host_path="/run/nvidia/driver/dev/nvidia0"),))
+    spec = Spec(KIND, (Device(f"{UID}-gpu-0", device),), container_edits=common)
+    doc = json.loads(store.write(UID, spec).read_text())
+    assert doc["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidiactl", "hostPath": f"{root}/dev/nvidiactl"}]
+    assert doc["containerEdits"]["mounts"][0]["hostPath"] == f"{root}/usr/lib/libnvidia-ml.so.1"
+    assert doc["containerEdits"]["mounts"][0]["containerPath"] == "/usr/lib/libnvidia-ml.so.1"
+    assert doc["containerEdits"]["hooks"][0]["path"] == f"{root}/usr/bin/nvidia-cdi-hook"
+    assert doc["containerEdits"]["env"] == ["A=/usr"]
+    assert doc["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia0", "hostPath": f"{root}/run/nvidia/driver/dev/nvidia0"}]
+    assert read_back(store) == spec
+    assert cdi_schema_errors(doc) == []
+
+
+def test_host_paths_stay_as_written_for_a_runtime_on_the_host(store: SpecStore) -> None:
+    spec = claim_spec(UID)
+    doc = json.loads(store.write(UID, spec).read_text())
+    assert doc["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+    assert read_back(store) == spec
+
+
+def read_back(store: SpecStore) -> Spec:
+    """The spec of UID as read, its version left to be worked out as for a spec to write."""
+    spec = store.read(UID)
+    assert spec is not None
+    return dataclasses.replace(spec, cdi_version=None)

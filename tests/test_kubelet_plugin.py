@@ -3,14 +3,16 @@ published slices, clean shutdown. Real unix sockets, the test API server, the si
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from agent.kubelet.services import SUPPORTED_VERSIONS, HealthStatus, PluginInfo
+from agent.kubelet.services import HEALTH_SERVICES, SUPPORTED_VERSIONS, HealthStatus, PluginInfo, watch_health
 from backends.contract import ClaimRef
 from simulator.kubelet import KubeletSimulator
 from tests.agent_env import NODE, InProcess, agent_in_process, allocate
@@ -35,7 +37,9 @@ async def test_registration_answers_exactly(running: InProcess) -> None:
         plugin = await kubelet.wait_for_plugin(GPU)
         dra_socket = settings.plugins_dir / GPU / "dra.sock"
         assert plugin.info == PluginInfo("DRAPlugin", GPU, str(dra_socket.absolute()), SUPPORTED_VERSIONS)
-        assert SUPPORTED_VERSIONS == ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+        assert SUPPORTED_VERSIONS == ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                                      "v1alpha1.DRAResourceHealth")
+        assert plugin.health_service == "v1.DRAResourceHealth", "a 1.37 kubelet prefers v1"
         assert plugin.version == "v1"
         await kubelet.wait_for_plugin(NIC)
     registration = settings.registry_dir / f"{GPU}-reg.sock"
@@ -85,6 +89,18 @@ async def test_health_stream_lists_every_device(running: InProcess) -> None:
         reports = await anext(aiter(plugin.health()))
     assert sorted(r.device for r in reports) == sorted(gpus(running))
     assert {(r.pool, r.health, r.timeout_seconds) for r in reports} == {(NODE, HealthStatus.HEALTHY, 30)}
+
+
+async def test_both_health_services_stream_the_same_devices(running: InProcess) -> None:
+    """v1 for a 1.37 kubelet, v1alpha1 for the kubelets before it: one source, the same lists."""
+    dra_socket = running.settings.plugins_dir / GPU / "dra.sock"
+    async with grpc.aio.insecure_channel(f"unix:{dra_socket}") as channel:
+        lists = {}
+        for service in HEALTH_SERVICES:
+            async with contextlib.aclosing(watch_health(channel, service)) as stream:
+                lists[service] = sorted((r.device, r.health) for r in await anext(aiter(stream)))
+    assert set(lists) == {"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}
+    assert lists["v1.DRAResourceHealth"] == lists["v1alpha1.DRAResourceHealth"] != []
 
 
 async def test_slices_are_published_and_owned_by_the_node(running: InProcess) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from backends.nvidia.nvml import nvml_session
 from simulator.node.layout import plan_node
 from simulator.node.node import SimulatedNode
 from simulator.node.profile import NodeProfile, ProfileError, load_profile
+from simulator.node.variants import with_char_devices
+from tests.timing import scaled
 
 
 def profile(text: str, scratch: Path) -> NodeProfile:
@@ -62,6 +66,44 @@ def test_dev_nodes(sim_node: Callable[[str], SimulatedNode]) -> None:
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(8))):
         assert (dgx.dev / name).is_file()
     assert len(list((dgx.dev / "infiniband").glob("uverbs*"))) == 8 + 64
+
+
+def _device_entries(dev: Path) -> list[Path]:
+    return [p for p in dev.rglob("*") if not p.is_dir()]
+
+
+def _is_null_char_device(path: Path) -> bool:
+    st = os.lstat(path)
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="character devices are made with mknod, as root")
+def test_char_device_nodes_when_the_profile_asks(sim_node: Callable[[str], SimulatedNode], scratch: Path) -> None:
+    """`device_nodes: char`: every /dev entry is a character device with /dev/null's numbers, as a container
+    runtime needs them, also those the kernel makes later (a vfio group at a vfio-pci bind) and the copies in the
+    driver container's /dev."""
+    folder = scratch / "profiles"
+    folder.mkdir()
+    node = sim_node(str(with_char_devices("dgx-h100", folder)))
+    entries = _device_entries(node.dev)
+    assert len(entries) > 1000  # GPUs, control nodes, nvidia-caps, uverbs
+    assert [p for p in entries if not _is_null_char_device(p)] == []
+    gpu = node.plan.gpus[0]
+    folder_of_gpu = node.sysfs / "bus/pci/devices" / gpu.bus_id
+    group = os.path.basename(os.readlink(folder_of_gpu / "iommu_group"))
+    (node.sysfs / "bus/pci/drivers/nvidia/unbind").write_text(gpu.bus_id)
+    (folder_of_gpu / "driver_override").write_text("vfio-pci")
+    (node.sysfs / "bus/pci/drivers_probe").write_text(gpu.bus_id)
+    deadline = time.monotonic() + scaled(2)
+    while not (node.dev / "vfio" / group).exists():
+        assert time.monotonic() < deadline, "the vfio group's node did not appear"
+        time.sleep(0.01)
+    assert _is_null_char_device(node.dev / "vfio" / group) and _is_null_char_device(node.dev / "vfio/vfio")
+
+    in_container = sim_node(str(with_char_devices("gke-g2-l4", folder, layout="container")))
+    copies = _device_entries(in_container.driver_root / "dev")
+    assert {p.name for p in copies} >= {"nvidia0", "nvidiactl"}
+    assert all(_is_null_char_device(p) for p in copies)
 
 
 def test_nvml_agrees_with_sysfs(sim_node: Callable[[str], SimulatedNode]) -> None:

@@ -67,7 +67,7 @@ class KubeletPlugin:
         self.registered = asyncio.Event()
         self._log = log.bind(driver=driver)
         info = PluginInfo(DRA_PLUGIN_TYPE, driver, str(self.dra_socket.absolute()), SUPPORTED_VERSIONS)
-        self._dra = UnixServer(self.dra_socket, lambda s: add_dra_services(s, self, health))
+        self._dra = UnixServer(self.dra_socket, lambda s: add_dra_services(s, self, health, self._health_stream))
         self._registration = UnixServer(self.registration_socket, lambda s: add_registration_service(s, info, self))
 
     async def start(self) -> None:
@@ -90,6 +90,9 @@ class KubeletPlugin:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         return await self.preparer.unprepare(claims)
+
+    def _health_stream(self, service: str) -> None:
+        self._log.info("the kubelet opened a health stream", service=service)
 
     def registration_status(self, registered: bool, error: str) -> None:
         if registered:

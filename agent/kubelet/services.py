@@ -1,14 +1,15 @@
 """The kubelet's gRPC APIs in the agent's own terms: the only module that imports the generated protobuf code.
 
 Server side: servicers for plugin registration, DRA `v1.DRAPlugin` and `v1beta1.DRAPlugin` (same handler, two
-wire packages) and `v1alpha1.DRAResourceHealth`. Client side (used by the kubelet simulator): the calls the
-kubelet makes. Both sides convert between protobuf messages and the frozen dataclasses below.
+wire packages), `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` (same source, two wire packages). Client
+side (used by the kubelet simulator): the calls the kubelet makes. Both sides convert between protobuf messages
+and the frozen dataclasses below.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, Protocol
@@ -17,6 +18,8 @@ import grpc
 
 from agent.claims.results import ClaimResult, PreparedDeviceResult
 from agent.kubelet._proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
@@ -30,6 +33,7 @@ from backends.contract import ClaimRef
 
 __all__ = [
     "DRA_PLUGIN_TYPE",
+    "HEALTH_SERVICES",
     "SUPPORTED_VERSIONS",
     "DeviceHealthReport",
     "DraClient",
@@ -46,8 +50,16 @@ __all__ = [
 ]
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
-# Advertised in this order so a 1.34+ kubelet picks v1 and a 1.32/1.33 kubelet picks v1beta1.
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+# Advertised in this order so a 1.34+ kubelet picks v1 and a 1.32/1.33 kubelet picks v1beta1. The health stream: a
+# 1.37 kubelet prefers v1 when offered, older ones know only v1alpha1 (the kubelet chooses by its own order).
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+"""The health stream's services, in the order a 1.37 kubelet prefers them."""
+_HEALTH: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1.DRAResourceHealth": (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+    "v1alpha1.DRAResourceHealth": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
+}
 
 DraVersion = Literal["v1", "v1beta1"]
 _DRA: dict[str, tuple[ModuleType, ModuleType]] = {
@@ -142,13 +154,18 @@ class _DraServicer:
 
 
 class _HealthServicer:
-    def __init__(self, source: HealthSource) -> None:
+    def __init__(self, source: HealthSource, pb: ModuleType, service: str,
+                 on_stream: Callable[[str], None]) -> None:
         self._source = source
+        self._pb = pb
+        self._service = service
+        self._on_stream = on_stream
 
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        pb = dra_health_v1alpha1_pb2
+        pb = self._pb
+        self._on_stream(self._service)
         async for reports in self._source.watch():
             yield pb.NodeWatchResourcesResponse(devices=[
                 pb.DeviceHealth(
@@ -183,11 +200,15 @@ class _RegistrationServicer:
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
 
-def add_dra_services(server: grpc.aio.Server, handler: DraHandler, health: HealthSource) -> None:
-    """Serve DRA v1, DRA v1beta1 and health v1alpha1 on one server (one socket)."""
+def add_dra_services(server: grpc.aio.Server, handler: DraHandler, health: HealthSource,
+                     on_health_stream: Callable[[str], None] = lambda service: None) -> None:
+    """Serve DRA v1 and v1beta1 and health v1 and v1alpha1 on one server (one socket); `on_health_stream` hears the
+    service name ("v1.DRAResourceHealth") of each health stream the kubelet opens."""
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_DraServicer("v1", handler), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_DraServicer("v1beta1", handler), server)
-    dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(_HealthServicer(health), server)
+    for service, (pb, grpc_module) in _HEALTH.items():
+        grpc_module.add_DRAResourceHealthServicer_to_server(
+            _HealthServicer(health, pb, service, on_health_stream), server)
 
 
 def add_registration_service(server: grpc.aio.Server, info: PluginInfo, listener: RegistrationListener) -> None:
@@ -252,10 +273,12 @@ class DraClient:
         return {uid: entry.error for uid, entry in response.claims.items()}
 
 
-async def watch_health(channel: grpc.aio.Channel) -> AsyncIterator[list[DeviceHealthReport]]:
-    """The kubelet's NodeWatchResources stream: one full device list per message."""
-    stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(channel)
-    call = stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest())
+async def watch_health(channel: grpc.aio.Channel, service: str = HEALTH_SERVICES[0]
+                       ) -> AsyncIterator[list[DeviceHealthReport]]:
+    """The kubelet's NodeWatchResources stream of health `service`: one full device list per message."""
+    pb, grpc_module = _HEALTH[service]
+    stub = grpc_module.DRAResourceHealthStub(channel)
+    call = stub.NodeWatchResources(pb.NodeWatchResourcesRequest())
     async for message in call:
         yield [
             DeviceHealthReport(

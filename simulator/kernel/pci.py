@@ -15,6 +15,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from simulator.node.devnodes import make_device_node
 from simulator.node.layout import NodePlan, PciFunction
 from simulator.node.sysfs_tree import bind as link_driver
 from simulator.node.sysfs_tree import write_vfio_group
@@ -167,8 +168,10 @@ class PciCore:
         dev = self.root / "dev"
         (dev / "vfio").mkdir(parents=True, exist_ok=True)
         # The container node comes with the vfio module, which the first vfio-pci bind loads.
-        (dev / "vfio/vfio").touch()
-        write_vfio_group(str(self.sys), str(dev), group)
+        char = self.plan.profile.device_nodes == "char"
+        if not (dev / "vfio/vfio").exists():
+            make_device_node(str(dev / "vfio/vfio"), char=char)
+        write_vfio_group(str(self.sys), str(dev), group, char=char)
         return [self.injector._event("add", folder)]
 
     def _release_vfio_group(self, bus_id: str, folder: Path) -> list[Uevent]:

@@ -102,7 +102,8 @@ class SriovControl:
             if autoprobe and vf.driver:
                 write_netdev(sysfs, vf, vf_netdev(nic.netdev, len(created)), nic.model.speed_mbps, up)
                 if rdma_index is not None:
-                    write_rdma(sysfs, str(pci.root / "dev"), vf, rdma_index)
+                    write_rdma(sysfs, str(pci.root / "dev"), vf, rdma_index,
+                               char=pci.plan.profile.device_nodes == "char")
                 link_driver(sysfs, vf, vf.driver)
                 children = _devices_deepest_first(folder)[:-1]
                 events += [pci.injector._event("add", child) for child in reversed(children)]

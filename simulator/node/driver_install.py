@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from backends.nvidia.ldcache import abi_flags
+from simulator.node.devnodes import make_device_node
 from simulator.node.ldconfig import write_ld_cache
 from simulator.node.profile import NvidiaDriverSpec
 from simulator.nvml.library import SERVER_LINK, build_library
@@ -47,10 +48,10 @@ def _library_dir(droot: Path) -> Path:
     return droot / "usr/lib" / f"{platform.machine()}-linux-gnu"
 
 
-def install_driver(root: Path, spec: NvidiaDriverSpec, gpu_minors: list[int]) -> Path:
+def install_driver(root: Path, spec: NvidiaDriverSpec, gpu_minors: list[int], *, char: bool = False) -> Path:
     """Lay out the driver's files for the node at `root` as `spec` places them; returns the driver root. In the
     container layout the container's /dev holds the driver's nodes too (the GPUs' `gpu_minors`, the control
-    nodes and nvidia-caps/, as the host's /dev does)."""
+    nodes and nvidia-caps/, as the host's /dev does; `char` as for `make_device_node`)."""
     droot = driver_root(root, spec.layout)
     libraries = _library_dir(droot)
     libraries.mkdir(parents=True, exist_ok=True)
@@ -75,17 +76,18 @@ def install_driver(root: Path, spec: NvidiaDriverSpec, gpu_minors: list[int]) ->
         (binaries / name).write_bytes(b"#!/bin/sh\n")
         (binaries / name).chmod(0o755)
     if spec.layout == "container":
-        _copy_device_nodes(root / "dev", droot / "dev", gpu_minors)
+        _copy_device_nodes(root / "dev", droot / "dev", gpu_minors, char)
     return droot
 
 
-def _copy_device_nodes(host: Path, container: Path, gpu_minors: list[int]) -> None:
+def _copy_device_nodes(host: Path, container: Path, gpu_minors: list[int], char: bool) -> None:
     container.mkdir(parents=True, exist_ok=True)
-    for name in (*_DEVICE_NODES, *(f"nvidia{m}" for m in gpu_minors)):
-        if (host / name).exists():
-            (container / name).write_bytes(b"")
+    names = [name for name in (*_DEVICE_NODES, *(f"nvidia{m}" for m in gpu_minors)) if (host / name).exists()]
     if (host / "nvidia-caps").is_dir():
-        shutil.copytree(host / "nvidia-caps", container / "nvidia-caps", dirs_exist_ok=True)
+        (container / "nvidia-caps").mkdir(exist_ok=True)
+        names += [f"nvidia-caps/{cap.name}" for cap in sorted((host / "nvidia-caps").iterdir())]
+    for name in names:
+        make_device_node(str(container / name), char=char)
 
 
 def refresh_nvml_library(root: Path, spec: NvidiaDriverSpec) -> None:

@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from simulator.node.catalog import GPU_MODELS
+from simulator.node.devnodes import make_device_node
 from simulator.node.driver_install import driver_root, install_driver, refresh_nvml_library
 from simulator.node.layout import NodePlan, plan_node
 from simulator.node.procfs import write_host_net
@@ -71,9 +72,10 @@ class SimulatedNode:
         node.reboot()
         node.nvml  # noqa: B018 - made now, so that a profile whose MIG instances do not fit is refused here
         if plan.gpus:
-            _write_mig_minors(root, [g.minor for g in plan.gpus if GPU_MODELS[g.spec.model].mig_profiles])
+            char = profile.device_nodes == "char"
+            _write_mig_minors(root, [g.minor for g in plan.gpus if GPU_MODELS[g.spec.model].mig_profiles], char)
             if profile.nvidia.installed:
-                install_driver(root, profile.nvidia, [g.minor for g in plan.gpus])
+                install_driver(root, profile.nvidia, [g.minor for g in plan.gpus], char=char)
         (root / _MARKER).write_text(profile.model_dump_json())
         return node
 
@@ -174,8 +176,9 @@ def mig_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = 
     return base if compute_instance is None else base + 1 + compute_instance
 
 
-def _write_mig_minors(root: Path, gpu_minors: list[int]) -> None:
-    """/proc/driver/nvidia-caps/mig-minors and the /dev/nvidia-caps nodes of MIG-capable GPUs."""
+def _write_mig_minors(root: Path, gpu_minors: list[int], char: bool) -> None:
+    """/proc/driver/nvidia-caps/mig-minors and the /dev/nvidia-caps nodes of MIG-capable GPUs (`char` as for
+    `make_device_node`)."""
     lines = ["config 1", "monitor 2"]
     for minor in range(max(gpu_minors, default=-1) + 1):
         for gi in range(_MIG_GPU_INSTANCES):
@@ -190,4 +193,4 @@ def _write_mig_minors(root: Path, gpu_minors: list[int]) -> None:
     for minor in gpu_minors:
         for gi in range(_MIG_GPU_INSTANCES):
             for cap in (mig_minor(minor, gi), *(mig_minor(minor, gi, ci) for ci in range(_MIG_COMPUTE_INSTANCES))):
-                (caps / f"nvidia-cap{cap}").write_bytes(b"")
+                make_device_node(str(caps / f"nvidia-cap{cap}"), char=char)

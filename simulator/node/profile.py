@@ -244,6 +244,10 @@ class NodeProfile(_Spec):
     description: str = ""
     nvidia: NvidiaDriverSpec = NvidiaDriverSpec()
     root_complexes: list[RootComplexSpec] = Field(min_length=1)
+    device_nodes: Literal["files", "char"] = "files"
+    """What the node's /dev entries are: empty files (enough for the agent, and made by any user), or real
+    character devices with /dev/null's numbers (made as root), for a container runtime that stats every device node
+    a CDI spec names and creates it in the container (see `simulator.node.devnodes`)."""
 
 
 def builtin_profiles() -> list[str]:

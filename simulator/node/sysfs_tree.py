@@ -4,7 +4,7 @@
 config space, `driver` and `iommu_group` links; PFs carry SR-IOV files and `virtfn<N>` links, VFs `physfn`;
 network and RDMA devices appear under the function and in `class/`, vfio groups under `devices/virtual/vfio`.
 Every device has its `uevent` file and `subsystem` link, so libudev (pyudev) accepts it. Device nodes are plain
-files.
+files, or character devices when the profile asks (`simulator.node.devnodes`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from simulator.node.devnodes import make_device_node
 from simulator.node.layout import GpuPlan, NicPlan, NodePlan, PciFunction, TpuPlan
 
 __all__ = ["config_space", "write_tree"]
@@ -22,6 +23,7 @@ def write_tree(plan: NodePlan, sysfs_root: Path, dev_root: Path) -> None:
     # Plain strings and os calls: a large node has tens of thousands of entries and pathlib's overhead
     # would dominate the time to build it.
     sysfs, dev = str(sysfs_root), str(dev_root)
+    char = plan.profile.device_nodes == "char"
     for sub in ("devices", "bus/pci/devices", "bus/pci/drivers", "kernel/iommu_groups", "class/net",
                 "class/infiniband", "class/infiniband_verbs", "class/accel", "class/vfio", "module"):
         os.makedirs(f"{sysfs}/{sub}", exist_ok=True)
@@ -35,22 +37,22 @@ def write_tree(plan: NodePlan, sysfs_root: Path, dev_root: Path) -> None:
     for root_complex in sorted({fn.path[0] for fn in plan.functions}):
         _write(f"{sysfs}/devices/{root_complex}/uevent", "")
     for gpu in plan.gpus:
-        _write_gpu(dev, gpu)
+        _write_gpu(dev, gpu, char)
     if plan.gpus:
         for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-            _write(f"{dev}/{name}", "")
+            make_device_node(f"{dev}/{name}", char=char)
     by_id = {f.bus_id: f for f in plan.functions}
     for nic in plan.nics:
-        _write_nic(sysfs, dev, by_id, nic)
+        _write_nic(sysfs, dev, by_id, nic, char)
     for tpu in plan.tpus:
-        _write_tpu(sysfs, dev, by_id[tpu.bus_id], tpu)
+        _write_tpu(sysfs, dev, by_id[tpu.bus_id], tpu, char)
     minor = 0
     for other in plan.others:
         for name, value in other.spec.sysfs_attributes.items():
             _write(f"{function_dir(sysfs, by_id[other.bus_id])}/{name}", value + "\n")
         for node in other.dev_nodes:
             os.makedirs(os.path.dirname(f"{dev}/{node}"), exist_ok=True)
-            _write(f"{dev}/{node}", "")
+            make_device_node(f"{dev}/{node}", char=char)
             if other.spec.char_class:
                 cls = other.spec.char_class
                 os.makedirs(f"{sysfs}/class/{cls}", exist_ok=True)
@@ -131,11 +133,11 @@ def config_space(fn: PciFunction) -> bytes:
     return bytes(space)
 
 
-def _write_gpu(dev: str, gpu: GpuPlan) -> None:
-    _write(f"{dev}/nvidia{gpu.minor}", "")
+def _write_gpu(dev: str, gpu: GpuPlan, char: bool) -> None:
+    make_device_node(f"{dev}/nvidia{gpu.minor}", char=char)
 
 
-def _write_nic(sysfs: str, dev: str, by_id: dict[str, PciFunction], nic: NicPlan) -> None:
+def _write_nic(sysfs: str, dev: str, by_id: dict[str, PciFunction], nic: NicPlan, char: bool) -> None:
     pf = by_id[nic.bus_id]
     pf_dir = function_dir(sysfs, pf)
     if nic.spec.sriov is not None:
@@ -152,7 +154,7 @@ def _write_nic(sysfs: str, dev: str, by_id: dict[str, PciFunction], nic: NicPlan
     up = nic.spec.link == "up"
     write_netdev(sysfs, pf, nic.netdev, nic.model.speed_mbps, up)
     if nic.rdma_index is not None:
-        write_rdma(sysfs, dev, pf, nic.rdma_index)
+        write_rdma(sysfs, dev, pf, nic.rdma_index, char=char)
     for vf in nic.vfs:
         vf_fn = by_id[vf.bus_id]
         _link(f"{pf_dir}/virtfn{vf.index}", f"../{vf.bus_id}")
@@ -160,7 +162,7 @@ def _write_nic(sysfs: str, dev: str, by_id: dict[str, PciFunction], nic: NicPlan
         if vf.netdev:
             write_netdev(sysfs, vf_fn, vf.netdev, nic.model.speed_mbps, up)
         if vf.rdma_index is not None:
-            write_rdma(sysfs, dev, vf_fn, vf.rdma_index)
+            write_rdma(sysfs, dev, vf_fn, vf.rdma_index, char=char)
 
 
 def write_netdev(sysfs: str, fn: PciFunction, name: str, speed: int, up: bool) -> None:
@@ -177,27 +179,27 @@ def write_netdev(sysfs: str, fn: PciFunction, name: str, speed: int, up: bool) -
         _write(f"{folder}/{attr}", text + "\n")
 
 
-def write_rdma(sysfs: str, dev: str, fn: PciFunction, index: int) -> None:
-    """An RDMA device (mlx5_N) and its verbs character device (uverbsN)."""
+def write_rdma(sysfs: str, dev: str, fn: PciFunction, index: int, *, char: bool) -> None:
+    """An RDMA device (mlx5_N) and its verbs character device (uverbsN); `char` as for `make_device_node`."""
     write_class_device(sysfs, fn, "infiniband", f"mlx5_{index}", f"NAME=mlx5_{index}\n")
     verbs = write_class_device(sysfs, fn, "infiniband_verbs", f"uverbs{index}",
                                f"MAJOR=231\nMINOR={192 + index}\nDEVNAME=infiniband/uverbs{index}\n")
     _write(f"{verbs}/dev", f"231:{192 + index}\n")
     os.makedirs(f"{dev}/infiniband", exist_ok=True)
-    _write(f"{dev}/infiniband/uverbs{index}", "")
-    _write(f"{dev}/infiniband/rdma_cm", "")
+    make_device_node(f"{dev}/infiniband/uverbs{index}", char=char)
+    make_device_node(f"{dev}/infiniband/rdma_cm", char=char)
 
 
-def _write_tpu(sysfs: str, dev: str, fn: PciFunction, tpu: TpuPlan) -> None:
+def _write_tpu(sysfs: str, dev: str, fn: PciFunction, tpu: TpuPlan, char: bool) -> None:
     if tpu.interface == "accel":
         folder = write_class_device(sysfs, fn, "accel", f"accel{tpu.index}",
                                     f"MAJOR=121\nMINOR={tpu.index}\nDEVNAME=accel{tpu.index}\n")
         _write(f"{folder}/dev", f"121:{tpu.index}\n")
-        _write(f"{dev}/accel{tpu.index}", "")
+        make_device_node(f"{dev}/accel{tpu.index}", char=char)
     else:
         os.makedirs(f"{dev}/vfio", exist_ok=True)
-        _write(f"{dev}/vfio/vfio", "")
-        write_vfio_group(sysfs, dev, fn.iommu_group)
+        make_device_node(f"{dev}/vfio/vfio", char=char)
+        write_vfio_group(sysfs, dev, fn.iommu_group, char=char)
 
 
 def write_class_device(sysfs: str, fn: PciFunction, cls: str, name: str, uevent: str) -> str:
@@ -212,8 +214,9 @@ def write_class_device(sysfs: str, fn: PciFunction, cls: str, name: str, uevent:
     return folder
 
 
-def write_vfio_group(sysfs: str, dev: str, group: int) -> None:
-    """The vfio group of a function bound to vfio-pci: its class device and its /dev/vfio/<group> node."""
+def write_vfio_group(sysfs: str, dev: str, group: int, *, char: bool) -> None:
+    """The vfio group of a function bound to vfio-pci: its class device and its /dev/vfio/<group> node (`char` as
+    for `make_device_node`)."""
     folder = f"{sysfs}/devices/virtual/vfio/{group}"
     os.makedirs(folder, exist_ok=True)
     # Group minors are handed out in order of binding; the group number stands in for that order here.
@@ -221,7 +224,7 @@ def write_vfio_group(sysfs: str, dev: str, group: int) -> None:
     _write(f"{folder}/dev", f"243:{group}\n")
     _link(f"{folder}/subsystem", "../../../../class/vfio")
     _link(f"{sysfs}/class/vfio/{group}", f"../../devices/virtual/vfio/{group}")
-    _write(f"{dev}/vfio/{group}", "")
+    make_device_node(f"{dev}/vfio/{group}", char=char)
 
 
 def _write(path: str, content: str | bytes) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["in_mig_mode"]
+__all__ = ["in_mig_mode", "with_char_devices"]
 
 
 def in_mig_mode(base: str, folder: Path, made: Mapping[int, Sequence[Mapping[str, Any]]] | None = None) -> Path:
@@ -37,5 +37,20 @@ def in_mig_mode(base: str, folder: Path, made: Mapping[int, Sequence[Mapping[str
 
     enable(profile["root_complexes"])
     path = folder / f"{base}-mig.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def with_char_devices(base: str, folder: Path, **nvidia: Any) -> Path:
+    """The profile `base` (a built-in name or a YAML path) with real character devices in its /dev
+    (`device_nodes: char`), and its driver settings updated with `nvidia`, written to `folder` as
+    `<name>-char.yaml`."""
+    builtin = resources.files("simulator.node") / f"profiles/{base}.yaml"
+    profile = yaml.safe_load((Path(base) if base.endswith((".yaml", ".yml")) else builtin).read_text())
+    profile["name"] = f"{profile['name']}-char"
+    profile["device_nodes"] = "char"
+    if nvidia:
+        profile["nvidia"] = {**profile.get("nvidia", {}), **nvidia}
+    path = folder / f"{profile['name']}.yaml"
     path.write_text(yaml.safe_dump(profile))
     return path

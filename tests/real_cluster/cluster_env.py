@@ -30,6 +30,7 @@ from cluster.controlplane import ControlPlane
 from cluster.kubectl import Kubectl, KubectlError
 from cluster.loopback import LoopbackWatch
 from cluster.pki import write_kubeconfig
+from cluster.worker import WorkerNode
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
 from tests.agent_env import AgentProcess, free_port, settings_for
@@ -105,6 +106,8 @@ class RealCluster:
     """Watches the sockets of the components and of every agent started on the node."""
     namespaces: list[str] = field(default_factory=list)
     """The namespaces made since the last `release`."""
+    worker: WorkerNode | None = None
+    """The node's containerd and kubelet, on the cluster whose node runs pods (None: the node is only registered)."""
 
     async def run(self, *argv: str, input: str | None = None) -> str:
         return await asyncio.to_thread(self.kubectl.run, *argv, input=input)
@@ -130,8 +133,9 @@ class RealCluster:
 
     def release(self) -> None:
         """Delete the namespaces made since the last release and wait until they are gone, so their claims no
-        longer hold devices. Their pods are deleted at once: no kubelet runs them, so none would confirm a graceful
-        end and the namespace would never go."""
+        longer hold devices. Their pods are deleted at once: without a kubelet none would confirm a graceful end
+        and the namespace would never go; with one, the agent that would unprepare their claims may be gone, and
+        the kubelet keeps a pod until its claims are unprepared."""
         for name in self.namespaces:
             self.kubectl.run("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", "--wait=false")
             self.kubectl.run("delete", "namespace", name, "--wait=false")

@@ -1,5 +1,7 @@
 """The real-cluster tier's fixtures: one control plane for the whole run (in one worker: every test module of the
-tier is in the xdist group "real-cluster"), the simulated node registered, deploy/ applied.
+tier is in the xdist group "real-cluster"), the simulated node registered, deploy/ applied; and, for the tests of
+the node itself (`real_node`, their modules in the xdist group "real-node", so another worker runs them beside the
+rest of the tier), a second cluster whose node runs the kubelet and containerd.
 
 The binaries come from cluster/build.sh. Without them the tier skips with one line saying how to build them;
 under CI=true it fails instead, so a CI run can never pass without it.
@@ -17,11 +19,15 @@ import pytest
 
 import cluster
 from cluster.controlplane import ControlPlane
+from cluster.incluster import apply_deploy
 from cluster.kubectl import Kubectl
+from cluster.leftovers import remove_abandoned_nodes
 from cluster.loopback import LoopbackWatch
 from cluster.node import register_node
+from cluster.worker import WorkerNode
 from tests.agent_env import memory_dir
 from tests.real_cluster.cluster_env import NODE, RealCluster
+from tests.real_cluster.node_env import start_agent_stand_in
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +35,11 @@ VERBOSITY = "DRA_AGENT_CLUSTER_VERBOSITY"
 """The components' log verbosity (their --v); the logs are kept under /tmp when a test of the tier fails."""
 
 
-def built_binaries() -> Path:
-    folder = cluster.binaries()
+def built_binaries(part: str = "kubernetes") -> Path:
+    folder = cluster.binaries(part)
     if folder is not None:
         return folder
-    message = "real-cluster tier: the Kubernetes binaries are not built; run cluster/build.sh"
+    message = f"real-cluster tier: the {part} binaries are not built; run cluster/build.sh"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message + " (CI must build them before the tests)")
     pytest.skip(message)
@@ -72,12 +78,47 @@ def real_cluster(request: pytest.FixtureRequest, loopback_watch: LoopbackWatch) 
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def real_node(request: pytest.FixtureRequest, loopback_watch: LoopbackWatch) -> Iterator[RealCluster]:
+    """A cluster whose node `127.0.0.1` runs containerd and the kubelet (Ready), deploy/ applied without the
+    DaemonSet, and the pod that stands in for the agent's running on the node (see node_env)."""
+    binaries, node_binaries = built_binaries(), built_binaries("node")
+    for removed in remove_abandoned_nodes(Path(tempfile.gettempdir())):
+        print(f"removed the leftovers of a node of a killed run: {removed}")
+    folder = Path(tempfile.mkdtemp(prefix="dra-rn-"))  # short: the shims' socket paths are below it
+    plane = ControlPlane(folder, binaries, with_kubelet=True, node_name=NODE,
+                         verbosity=int(os.environ.get(VERBOSITY, "1")))
+    worker = WorkerNode(plane, node_binaries)
+    failed_before = request.session.testsfailed
+    started = False
+    try:
+        plane.start(timeout=scaled(120))
+        loopback_watch.watch(plane.pids())
+        worker.start(timeout=scaled(120))
+        loopback_watch.watch(worker.pids())
+        kubectl = Kubectl(binaries / "kubectl", plane.admin_kubeconfig)
+        apply_deploy(kubectl, ROOT / "deploy")
+        start_agent_stand_in(kubectl, worker)
+        node = kubectl.get("node", NODE)
+        started = True
+        yield RealCluster(plane, kubectl, node["metadata"]["uid"], loopback_watch, worker=worker)
+    finally:
+        worker.stop()
+        plane.stop(keep=True)
+        if not started or request.session.testsfailed > failed_before:
+            kept = Path(tempfile.gettempdir()) / f"dra-real-node-logs-{os.getpid()}"
+            shutil.copytree(folder / "logs", kept, dirs_exist_ok=True)
+            print(f"\nthe real node's cluster logs are in {kept}")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def released_namespaces(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test of the tier ends with its namespaces deleted and their devices free for the next test."""
     yield
-    if "real_cluster" in request.fixturenames:
-        request.getfixturevalue("real_cluster").release()
+    for name in ("real_cluster", "real_node"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).release()
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from typing import Any
 __all__ = ["claim", "exactly", "pod", "template"]
 
 RESOURCE_V1 = "resource.k8s.io/v1"
-# No registry exists here and no kubelet runs the pods of this tier: the image is never pulled.
+# No registry exists here: the image is never pulled. On the cluster without a kubelet nothing runs it; on the
+# node with one, pods name the images imported there (`cluster.images`).
 IMAGE = "pause:never-pulled"
 
 
@@ -53,12 +54,16 @@ def template(namespace: str, name: str, requests: Sequence[dict[str, Any]], *,
 
 
 def pod(namespace: str, name: str, *, claims: Mapping[str, str] = (), templates: Mapping[str, str] = (),
-        limits: Mapping[str, str] | None = None) -> dict[str, Any]:
+        limits: Mapping[str, str] | None = None, image: str = IMAGE, command: Sequence[str] = (),
+        host_network: bool = False) -> dict[str, Any]:
     """A pod whose one container uses every claim it names: `claims` maps the pod's claim names to existing
-    ResourceClaims, `templates` to ResourceClaimTemplates; `limits` asks for extended resources."""
+    ResourceClaims, `templates` to ResourceClaimTemplates; `limits` asks for extended resources. On a node that runs
+    pods: `image` (never pulled), its `command`, and whether it uses the host's network."""
     resource_claims = [{"name": k, "resourceClaimName": v} for k, v in dict(claims).items()]
     resource_claims += [{"name": k, "resourceClaimTemplateName": v} for k, v in dict(templates).items()]
-    container: dict[str, Any] = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never"}
+    container: dict[str, Any] = {"name": "main", "image": image, "imagePullPolicy": "Never"}
+    if command:
+        container["command"] = list(command)
     resources: dict[str, Any] = {}
     if resource_claims:
         resources["claims"] = [{"name": c["name"]} for c in resource_claims]
@@ -70,4 +75,6 @@ def pod(namespace: str, name: str, *, claims: Mapping[str, str] = (), templates:
                             "terminationGracePeriodSeconds": 0}
     if resource_claims:
         spec["resourceClaims"] = resource_claims
+    if host_network:
+        spec["hostNetwork"] = True
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name}, "spec": spec}
