@@ -38,12 +38,17 @@ def fields_named(evaluation: Evaluation) -> list[str]:
     return fields
 
 
+# Fields holding a map: the agent names the entry (`...Limit.gpu-a`), the policy the map (its message is static).
+MAPS = ("sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit",)
+
+
 def model_verdict(driver: str, params: Any) -> set[str]:
-    """The fields the agent's validation names (empty: accepted), with the types the driver's backends accept."""
+    """The fields the agent's validation names (empty: accepted), with the types the driver's backends accept; an
+    entry of a map counts as the map."""
     try:
         validate_parameters(params, DRIVERS[driver])
     except InvalidParameters as e:
-        return {p.field for p in e.problems}
+        return {next((m for m in MAPS if p.field.startswith(m + ".")), p.field) for p in e.problems}
     return set()
 
 
@@ -221,7 +226,7 @@ def test_the_generated_cases_are_both_valid_and_invalid() -> None:
 def test_renamed_drivers_get_a_policy_of_their_own(capsys: pytest.CaptureFixture[str]) -> None:
     assert admission_main(["gpu.nvidia.com=gpu.example.com"]) == 0
     policy = next(yaml.safe_load_all(capsys.readouterr().out))
-    bad = gpu(sharing={"strategy": "MPS"})
+    bad = gpu(sharing={"strategy": "RoundRobin"})
     assert fields_named(evaluate(policy, claim("gpu.example.com", bad))) == ["sharing.strategy"]
     assert evaluate(policy, claim(GPU, bad)).admitted
     with pytest.raises(SystemExit):

@@ -26,7 +26,7 @@ from backends.nvidia.mig_whole import held_whole
 from backends.nvidia.nvml import GpuInfo, GpuProblem, NvmlError, SystemInfo, nvml_session
 from backends.nvidia.nvml_compute import MigMode, mig_mode
 from backends.nvidia.passthrough import describe, held_device
-from backends.nvidia.sharing import ComputeModes, wanted_mode
+from backends.nvidia.sharing import ComputeModes, mps_of, wanted_mode
 from backends.sysfs import read_link_name
 from backends.topology import PCI_BUS_ID, device_name
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
@@ -134,6 +134,11 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         missing = [a.device for a in devices if a.device not in self._refs]
         if missing:
             raise PrepareError(f"{', '.join(missing)} not found on this node (any more)")
+        for a in devices:
+            if mps_of(a) is not None:
+                wanted_mode(a)  # refuses MPS on a share
+                raise PrepareError(f"{a.device}: sharing strategy MPS is not supported by this agent: it runs no MPS "
+                                   "control daemon")
         shares = [a for a in devices if a.share_id is not None and not a.admin_access]
         if shares:
             await self._check_shares(shares)

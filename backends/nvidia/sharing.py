@@ -28,7 +28,7 @@ from structlog.typing import FilteringBoundLogger
 
 from backends.contract import Allocated, PrepareError
 from backends.journal import Journal
-from backends.nvidia.config import ExclusiveProcess, GpuConfig, TimeSlicing
+from backends.nvidia.config import ExclusiveProcess, GpuConfig, Mps, MpsConfig, TimeSlicing
 from backends.nvidia.nvml import NvmlError, nvml_session
 from backends.nvidia.nvml_compute import (
     COMPUTE_MODE_NAMES,
@@ -40,7 +40,14 @@ from backends.nvidia.nvml_compute import (
     set_compute_mode,
 )
 
-__all__ = ["ComputeModes", "wanted_mode"]
+__all__ = ["ComputeModes", "mps_of", "wanted_mode"]
+
+
+def mps_of(allocated: Allocated) -> MpsConfig | None:
+    """The MPS settings of a device whose configuration asks for MPS (never for adminAccess); None otherwise."""
+    config = allocated.config
+    sharing = config.sharing if isinstance(config, GpuConfig) else None
+    return sharing.mps_config if isinstance(sharing, Mps) and not allocated.admin_access else None
 
 
 def wanted_mode(allocated: Allocated, mig_device: bool = False) -> int | None:
@@ -49,16 +56,20 @@ def wanted_mode(allocated: Allocated, mig_device: bool = False) -> int | None:
     sharing = config.sharing if isinstance(config, GpuConfig) else None
     if sharing is None or allocated.admin_access:
         return None
-    if allocated.share_id is not None and isinstance(sharing, ExclusiveProcess):
-        raise PrepareError(f"{allocated.device}: sharing strategy ExclusiveProcess cannot be used on a share of a "
-                           "GPU: one process at a time cannot serve the several claims sharing it by memory; use "
-                           "TimeSlicing or no sharing strategy")
+    if allocated.share_id is not None and isinstance(sharing, ExclusiveProcess | Mps):
+        raise PrepareError(f"{allocated.device}: sharing strategy {sharing.strategy} cannot be used on a share of a "
+                           f"GPU: {_ONE_OWNER[sharing.strategy]} cannot serve the several claims sharing it by "
+                           "memory; use TimeSlicing or no sharing strategy")
     if mig_device:
-        if isinstance(sharing, ExclusiveProcess):
-            raise PrepareError(f"{allocated.device}: sharing strategy ExclusiveProcess needs a full GPU; a MIG "
-                               "device has no compute mode of its own (its processes always take turns)")
+        if isinstance(sharing, ExclusiveProcess | Mps):
+            raise PrepareError(f"{allocated.device}: sharing strategy {sharing.strategy} needs a full GPU; a MIG "
+                               "device has no compute mode of its own (NVML refuses to set one; its processes always "
+                               "take turns)")
         return None
     return DEFAULT if isinstance(sharing, TimeSlicing) else EXCLUSIVE_PROCESS
+
+
+_ONE_OWNER = {"ExclusiveProcess": "one process at a time", "MPS": "the MPS control daemon of one claim"}
 
 
 def _key(claim: str, device: str, share: str | None) -> str:
