@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from simulator.node.catalog import GPU_MODELS
-from simulator.node.driver_install import driver_root, install_driver, refresh_nvml_library
+from simulator.node.driver_install import driver_root, install_driver, install_mps_control, refresh_nvml_library
 from simulator.node.layout import NodePlan, plan_node
 from simulator.node.procfs import write_host_net
 from simulator.node.profile import NodeProfile, ProfileError
@@ -118,6 +118,7 @@ class SimulatedNode:
             node = cls.existing(profile, root)
             if profile.nvidia.installed:
                 refresh_nvml_library(root, profile.nvidia)
+                install_mps_control(driver_root(root, profile.nvidia.layout))
             return node
         if root.exists() and any(p.name != _SIM for p in root.iterdir()):
             raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")
