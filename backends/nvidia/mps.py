@@ -35,6 +35,7 @@ from typing import Any
 from structlog.typing import FilteringBoundLogger
 
 from backends.contract import PrepareError
+from backends.failpoints import failpoint
 from backends.journal import Journal
 from backends.nvidia.config import MpsConfig
 from cdi.spec import ContainerEdits, Mount
@@ -139,6 +140,7 @@ class MpsDaemons:
                  "commands": lines, "program": str(program),
                  "libraryDir": str(library_dir) if library_dir is not None else None}
         self._journal.put(claim, entry)  # the intent: from here on a daemon may run
+        failpoint("mps-after-intent")
         self.ensure(claim, entry)
         self._log.info("MPS control daemon serving", claim=claim, devices=entry["devices"], pid=self.pid(claim))
         return self.edits(claim)
@@ -155,6 +157,7 @@ class MpsDaemons:
                 _lock_file(folder).unlink(missing_ok=True)
                 return
             child = self._spawn(folder, entry) if self.pid(claim) is None else None
+            failpoint("mps-after-spawn")
             self._wait_ready(claim, program, child)
             if entry["commands"]:
                 answer = self._control(folder, program, entry["commands"])
@@ -247,6 +250,7 @@ class MpsDaemons:
             program = Path(entry["program"]) if entry is not None else None
             if program is not None and (pid is not None or (folder / "pipe").exists()):
                 self._control(folder, program, ["quit"])
+                failpoint("mps-after-quit")
             if pid is not None and not self._ended(claim, QUIT_SECONDS):
                 self._log.warning("MPS control daemon did not quit; terminating it", claim=claim, pid=pid)
                 for signum in (signal.SIGTERM, signal.SIGKILL):
