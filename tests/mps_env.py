@@ -45,6 +45,12 @@ def ask(sim_root: Path, state_dir: Path, claim: str, *commands: str) -> list[str
     return done.stdout.splitlines()
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name the same file or folder (for `/proc/<pid>/root/...`: as that process sees it)."""
+    one, two = os.stat(a), os.stat(b)
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+
+
 def control_log(state_dir: Path, claim: str) -> str:
     return (folder(state_dir, claim) / "log" / "control.log").read_text()
 

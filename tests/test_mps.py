@@ -10,9 +10,22 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from backends.nvidia.mps_launch import SHM_KEPT
 from simulator.kubelet import KubeletSimulator
-from tests.agent_env import agent_in_process, allocate, journal_entries, simulated_nvml
-from tests.mps_env import FIRST, GPU, SECOND, ask, control_log, daemons_of, folder, mps_config, pid_of, scratch
+from tests.agent_env import agent_in_process, allocate, journal_entries, memory_dir, simulated_nvml
+from tests.mps_env import (
+    FIRST,
+    GPU,
+    SECOND,
+    ask,
+    control_log,
+    daemons_of,
+    folder,
+    mps_config,
+    pid_of,
+    same_file,
+    scratch,
+)
 
 __all__ = ["scratch"]  # the fixture: directories outside /dev/shm
 
@@ -40,6 +53,8 @@ async def test_a_claim_gets_its_own_daemon_with_its_limits_and_unprepare_stops_i
         assert ask(sim, state, claim.uid, "get_default_active_thread_percentage",
                    f"get_default_device_pinned_mem_limit {uuid}") == ["30.0", "10240M"]
         assert f"Devices: CUDA_VISIBLE_DEVICES={uuid}" in control_log(state, claim.uid)
+        assert same_file(f"/proc/{pid}/root/dev/shm", folder(state, claim.uid) / "shm"), \
+            "the daemon's /dev/shm is the claim's shm folder"
         assert nvml.compute_mode(0) == EXCLUSIVE_PROCESS
         edits = spec_of(env.settings.cdi_dir, claim.uid)["devices"][0]["containerEdits"]  # type: ignore[index]
         assert {"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps"} <= set(
@@ -113,3 +128,20 @@ async def test_a_driver_root_without_the_mps_program_fails_the_claim(scratch: Pa
         error = (await plugin.prepare([claim]))[claim.uid].error
         assert "sharing strategy MPS needs nvidia-cuda-mps-control from the NVIDIA driver, and the driver root" in error
         assert simulated_nvml(env).compute_mode(0) == DEFAULT
+
+
+async def test_a_node_kept_below_dev_shm_leaves_the_daemon_the_hosts_shm() -> None:
+    """Test and demo nodes live in RAM below /dev/shm: the claim's folder bound there would hide the daemon's own
+    files, so the daemon keeps the host's /dev/shm and says so in its output."""
+    with memory_dir("dra-t-") as root:
+        async with agent_in_process(root, "dgx-h100", backends=("nvidia-gpu",)) as env, \
+                KubeletSimulator(env.settings.registry_dir) as kubelet:
+            state = env.settings.state_dir
+            plugin = await kubelet.wait_for_plugin(GPU)
+            claim = allocate(env.server, "inram", [("gpu", GPU, FIRST[0])], mps_config())
+            assert (await plugin.prepare([claim]))[claim.uid].error == ""
+            pid = pid_of(state, claim.uid)
+            assert pid is not None and same_file(f"/proc/{pid}/root/dev/shm", "/dev/shm")
+            output = (folder(state, claim.uid) / "log" / "daemon-output.log").read_text()
+            assert f"{SHM_KEPT}: " in output
+            assert (await plugin.unprepare([claim]))[claim.uid] == ""
