@@ -28,7 +28,8 @@ def test_unit_passes_systemd_analyze_verify(scratch: Path) -> None:
 def test_unit_settings() -> None:
     text = UNIT.read_text()
     for line in ("Type=notify", "Restart=on-failure", "WatchdogSec=30", "KillSignal=SIGTERM", "NoNewPrivileges=yes",
-                 "ProtectSystem=strict", "After=network-online.target kubelet.service"):
+                 "ProtectSystem=strict", "After=network-online.target kubelet.service", "KillMode=process",
+                 "RestrictNamespaces=mnt"):
         assert line in text.splitlines()
 
 
