@@ -49,6 +49,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m backends.nvidia.mps_launch PIDFILE SHM PROGRAM", file=sys.stderr)
         return 2
     pidfile, shm, program = argv
+    os.umask(0o022)  # the daemon's pipes open to the claim's containers whatever the agent's own umask
     temp = f"{pidfile}.tmp"
     with open(temp, "w") as f:
         f.write(f"{os.getpid()}\n")
