@@ -145,3 +145,18 @@ async def test_a_node_kept_below_dev_shm_leaves_the_daemon_the_hosts_shm() -> No
             output = (folder(state, claim.uid) / "log" / "daemon-output.log").read_text()
             assert f"{SHM_KEPT}: " in output
             assert (await plugin.unprepare([claim]))[claim.uid] == ""
+
+
+async def test_requests_of_one_claim_with_different_mps_limits_fail_the_claim(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100", backends=("nvidia-gpu",)) as env, \
+            KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await kubelet.wait_for_plugin(GPU)
+        configs = [{**mps_config(defaultActiveThreadPercentage=p)[0], "requests": [r]}
+                   for r, p in (("a", 20), ("b", 80))]
+        claim = allocate(env.server, "two", [("a", GPU, FIRST[0]), ("b", GPU, SECOND[0])], configs)
+        error = (await plugin.prepare([claim]))[claim.uid].error
+        assert ("the GPUs of a claim that use MPS share one MPS control daemon: the requests' "
+                "GpuConfig.sharing.mpsConfig must be the same for all of them") in error
+        assert daemons_of(env.agent.host.host_root) == [] and not folder(env.settings.state_dir, claim.uid).exists()
+        nvml = simulated_nvml(env)
+        assert [nvml.compute_mode(i) for i in range(2)] == [DEFAULT, DEFAULT]

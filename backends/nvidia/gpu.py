@@ -25,12 +25,12 @@ from backends.nvidia.config import GpuBackendConfig, GpuConfig
 from backends.nvidia.gpu_shares import GpuShares, memory_policy, sharing_of
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_whole import held_whole
-from backends.nvidia.mps import CONTROL_PROGRAM, MpsDaemons, MpsGpu
+from backends.nvidia.mps import MpsDaemons, MpsGpu, control_program
 from backends.nvidia.mps_watch import MpsWatch, with_daemons
 from backends.nvidia.nvml import GpuInfo, GpuProblem, NvmlError, SystemInfo, loaded_library, nvml_session
 from backends.nvidia.nvml_compute import MigMode, mig_mode
 from backends.nvidia.passthrough import describe, held_device
-from backends.nvidia.sharing import ComputeModes, mps_of, wanted_mode
+from backends.nvidia.sharing import ComputeModes, claim_mps_config, mps_of, wanted_mode
 from backends.sysfs import read_link_name
 from backends.topology import PCI_BUS_ID, device_name
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
@@ -218,15 +218,8 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
 
     async def _start_mps(self, claim: ClaimRef, devices: Sequence[Allocated]) -> ContainerEdits:
         """The claim's MPS control daemon, serving its GPUs (already in EXCLUSIVE_PROCESS) with their limits."""
-        config = mps_of(devices[0])
-        assert config is not None
-        if any(mps_of(a) != config for a in devices):
-            raise PrepareError("the GPUs of a claim that use MPS share one MPS control daemon: the requests' "
-                               "GpuConfig.sharing.mpsConfig must be the same for all of them")
-        program = self.driver_root.find_program(CONTROL_PROGRAM)
-        if program is None:
-            raise PrepareError(f"sharing strategy MPS needs {CONTROL_PROGRAM} from the NVIDIA driver, and the driver "
-                               f"root {self.driver_root.root} has none in its program folders")
+        config = claim_mps_config(devices)
+        program = control_program(self.driver_root)
         gpus = [MpsGpu(a.device, self._refs[a.device].uuid or str(self._devices[a.device].attributes.get("uuid")),
                        self._devices[a.device].capacity["memory"]) for a in devices]
         library = loaded_library()

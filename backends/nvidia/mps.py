@@ -38,9 +38,10 @@ from backends.contract import PrepareError
 from backends.failpoints import failpoint
 from backends.journal import Journal
 from backends.nvidia.config import MpsConfig
+from backends.nvidia.driver_root import DriverRoot
 from cdi.spec import ContainerEdits, Mount
 
-__all__ = ["CONTROL_PROGRAM", "MpsDaemons", "MpsGpu", "daemon_pid"]
+__all__ = ["CONTROL_PROGRAM", "MpsDaemons", "MpsGpu", "control_program", "daemon_pid"]
 
 CONTROL_PROGRAM = "nvidia-cuda-mps-control"
 PIPE, LOG, SHM = "/tmp/nvidia-mps", "/var/log/nvidia-mps", "/dev/shm"
@@ -59,6 +60,15 @@ class MpsGpu:
     device: str
     uuid: str
     memory: int
+
+
+def control_program(driver_root: DriverRoot) -> Path:
+    """The driver's `nvidia-cuda-mps-control`, as the agent sees it; PrepareError when the driver root has none."""
+    program = driver_root.find_program(CONTROL_PROGRAM)
+    if program is None:
+        raise PrepareError(f"sharing strategy MPS needs {CONTROL_PROGRAM} from the NVIDIA driver, and the driver root "
+                           f"{driver_root.root} has none in its program folders")
+    return program
 
 
 def daemon_pid(pipe: Path) -> int | None:
