@@ -61,7 +61,7 @@ async def mps(cluster: DemoCluster, story: Story, node: str) -> None:
                 "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps", otherwise=str(env))
     daemon = here.root / "state/backends/nvidia-gpu/mps" / uid
     program = here.sim_root / "usr/bin" / MPS_CONTROL
-    story.step(f"Asking the claim's daemon through its pipe ({daemon / 'pipe'}):")
+    story.step("Asking the claim's daemon through its pipe (<state>/backends/nvidia-gpu/mps/<claim UID>/pipe):")
     answers_now = ask(program, daemon / "pipe", "get_default_active_thread_percentage",
                       f"get_default_device_pinned_mem_limit {uuid}")
     story.detail(f"  get_default_active_thread_percentage → {answers_now[0] if answers_now else '-'}")
