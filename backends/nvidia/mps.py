@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -123,6 +124,7 @@ class MpsDaemons:
         self.root = state_dir / "mps" if state_dir is not None else None
         self._log = log
         self._children: set[int] = set()  # pids of the daemons this process started: it reaps them
+        self._lock = threading.Lock()  # the journal has one user at a time; worker threads share it
 
     def folder(self, claim: str) -> Path:
         assert self.root is not None
@@ -130,7 +132,16 @@ class MpsDaemons:
 
     def claims(self) -> dict[str, dict[str, Any]]:
         """The claims with a daemon (or the intent of one), with their journal entries."""
-        return dict(self._journal) if self._journal is not None else {}
+        if self._journal is None:
+            return {}
+        with self._lock:
+            return dict(self._journal)
+
+    def _entry(self, claim: str) -> dict[str, Any] | None:
+        if self._journal is None:
+            return None
+        with self._lock:
+            return self._journal.get(claim)
 
     def edits(self, claim: str) -> ContainerEdits:
         """What every container of the claim gets to reach its daemon."""
@@ -149,7 +160,8 @@ class MpsDaemons:
         entry = {"claim": claim, "devices": [g.device for g in gpus], "uuids": [g.uuid for g in gpus],
                  "commands": lines, "program": str(program),
                  "libraryDir": str(library_dir) if library_dir is not None else None}
-        self._journal.put(claim, entry)  # the intent: from here on a daemon may run
+        with self._lock:
+            self._journal.put(claim, entry)  # the intent: from here on a daemon may run
         failpoint("mps-after-intent")
         self.ensure(claim, entry)
         self._log.info("MPS control daemon serving", claim=claim, devices=entry["devices"], pid=self.pid(claim))
@@ -161,7 +173,7 @@ class MpsDaemons:
         folder = self.folder(claim)
         program = Path(entry["program"])
         with _locked(folder):
-            if self._journal is not None and self._journal.get(claim) is None:
+            if self._journal is not None and self._entry(claim) is None:
                 # Stopped by the claim's unprepare (perhaps by the other agent instance) while this call waited.
                 shutil.rmtree(folder, ignore_errors=True)
                 _lock_file(folder).unlink(missing_ok=True)
@@ -251,7 +263,7 @@ class MpsDaemons:
     def stop(self, claim: str) -> None:
         """Stop the claim's daemon (quit through its pipe, then SIGTERM, then SIGKILL), remove its folder and entry;
         nothing to do for a claim without one."""
-        entry = self._journal.get(claim) if self._journal is not None else None
+        entry = self._entry(claim)
         folder = self.folder(claim) if self.root is not None else None
         if folder is None or (entry is None and not folder.exists()):
             return
@@ -274,7 +286,8 @@ class MpsDaemons:
         shutil.rmtree(folder, ignore_errors=True)
         _lock_file(folder).unlink(missing_ok=True)
         if self._journal is not None:
-            self._journal.remove(claim)
+            with self._lock:
+                self._journal.remove(claim)
         self._log.info("MPS control daemon stopped", claim=claim)
 
     def _ended(self, claim: str, seconds: float) -> bool:
