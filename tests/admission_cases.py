@@ -12,9 +12,19 @@ from hypothesis import strategies as st
 
 from backends.config import CONFIG_API_VERSION
 
-__all__ = ["CHOSEN", "GPU", "SRIOV", "TPU", "VFIO", "claim", "gpu", "mutated", "valid_parameters", "vf"]
+__all__ = ["CHOSEN", "GPU", "MAPS", "SRIOV", "TPU", "VFIO", "as_policy_names", "claim", "gpu", "mutated",
+           "valid_parameters", "vf"]
 
 GPU, SRIOV, TPU = "gpu.nvidia.com", "sriov.dra-agent.io", "tpu.google.com"
+
+
+MAPS = ("sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit",)
+"""Fields holding a map: the agent names the entry (`...Limit.gpu-a`), the policy the map (its message is static)."""
+
+
+def as_policy_names(field: str) -> str:
+    """A field the agent names, as the policy names it: an entry of a map counts as the map."""
+    return next((m for m in MAPS if field.startswith(m + ".")), field)
 
 
 def claim(driver: str, parameters: Any, template: bool = False) -> dict[str, Any]:

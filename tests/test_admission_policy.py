@@ -19,7 +19,7 @@ from agent.admission.__main__ import main as admission_main
 from agent.admission.policy import MESSAGE, builtin_drivers, policy_objects, render
 from agent.admission.schema_cel import SchemaError, checks_for
 from agent.claims.opaque import InvalidParameters, validate_parameters
-from tests.admission_cases import CHOSEN, GPU, SRIOV, TPU, claim, gpu, mutated, valid_parameters, vf
+from tests.admission_cases import CHOSEN, GPU, SRIOV, TPU, as_policy_names, claim, gpu, mutated, valid_parameters, vf
 from tests.admission_cel import Evaluation, evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,17 +38,13 @@ def fields_named(evaluation: Evaluation) -> list[str]:
     return fields
 
 
-# Fields holding a map: the agent names the entry (`...Limit.gpu-a`), the policy the map (its message is static).
-MAPS = ("sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit",)
-
-
 def model_verdict(driver: str, params: Any) -> set[str]:
     """The fields the agent's validation names (empty: accepted), with the types the driver's backends accept; an
     entry of a map counts as the map."""
     try:
         validate_parameters(params, DRIVERS[driver])
     except InvalidParameters as e:
-        return {next((m for m in MAPS if p.field.startswith(m + ".")), p.field) for p in e.problems}
+        return {as_policy_names(p.field) for p in e.problems}
     return set()
 
 
