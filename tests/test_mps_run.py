@@ -14,7 +14,7 @@ import pytest
 from agent.kubelet.services import HealthStatus
 from backends.failpoints import MPS_POINTS, POINTS
 from simulator.kubelet_connection import KubeletError
-from tests.agent_env import NODE, allocate, plugin_after_restart, two_agents, wait_until
+from tests.agent_env import NODE, allocate, lose_claims, plugin_after_restart, two_agents, wait_until
 from tests.mps_env import FIRST, GPU, ask, daemons_of, folder, mps_config, pid_of, scratch
 from tests.surge_env import surge
 from tests.timing import scaled
@@ -134,3 +134,22 @@ async def test_a_daemon_that_dies_is_started_again_and_its_gpu_is_unhealthy_mean
         assert ask(sim, state, ref.uid, "get_default_active_thread_percentage") == ["20.0"], "its limits again"
         assert await plugin.unprepare([ref]) == {ref.uid: ""}
         assert daemons_of(sim) == []
+
+
+async def test_at_start_the_daemon_of_a_claim_no_longer_held_is_stopped(scratch: Path) -> None:
+    """The checkpoint and CDI specs are lost while a claim's daemon runs: the journal says the agent started it, no
+    claim holds its GPU, so the next start stops it, removes its folder and puts the compute mode back."""
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",)) as run:
+        sim, state = run.settings.sim_root, run.settings.state_dir
+        assert sim is not None
+        plugin = await run.kubelet.wait_for_plugin(GPU, timeout=scaled(30))
+        ref = allocate(run.server, "mps", [("gpu", GPU, FIRST[0])], mps_config())
+        await plugin.prepare_or_raise([ref])
+        await run.first.stop()  # killed
+        assert len(daemons_of(sim)) == 1, "the agent's end is not its daemon's"
+        lose_claims(run.settings, GPU)
+        await run.second.start()
+        await plugin_after_restart(run.kubelet, plugin)
+        await wait_until(lambda: daemons_of(sim) == [] and not folder(state, ref.uid).exists()
+                         and mode_on_node(sim) == DEFAULT, timeout=scaled(20))
+        assert "stopping the MPS control daemon of a claim no longer prepared" in run.second.output()
