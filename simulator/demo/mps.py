@@ -14,6 +14,7 @@ from simulator.demo.scenarios import GPU, show_prepared, unprepare_and_release
 from simulator.demo.story import Story
 from simulator.demo.workload import spec_env
 from simulator.node.driver_install import MPS_CONTROL
+from simulator.timing import scaled
 
 MPS = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
     "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "16Gi"}}}
@@ -23,7 +24,8 @@ EXCLUSIVE_PROCESS = 3
 def ask(program: Path, pipe: Path, *commands: str) -> list[str]:
     """What the claim's daemon answers on its pipe, as `echo <command> | nvidia-cuda-mps-control` shows it."""
     done = subprocess.run([str(program)], input="".join(f"{c}\n" for c in commands), capture_output=True, text=True,
-                          env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, timeout=10, check=False)
+                          env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, timeout=scaled(10),
+                          check=False)
     return done.stdout.splitlines() if done.returncode == 0 else [done.stderr.strip()]
 
 
