@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["METADATA_POINTS", "MIG_POINTS", "MIG_WHOLE_POINTS", "POINTS", "VFIO_POINTS", "failpoint"]
+__all__ = ["METADATA_POINTS", "MIG_POINTS", "MIG_WHOLE_POINTS", "MPS_POINTS", "POINTS", "VFIO_POINTS", "failpoint"]
 
 POINTS = (
     "prepare-before-started",
@@ -32,6 +32,10 @@ MIG_POINTS = ("mig-after-gpu-instance", "mig-after-compute-instance")
 
 MIG_WHOLE_POINTS = ("mig-whole-after-intent", "mig-whole-after-mode-off")
 """nvidia-mig's points for a whole GPU in MIG mode: after the intent record, and after MIG mode went off."""
+
+MPS_POINTS = ("mps-after-intent", "mps-after-spawn", "mps-after-quit")
+"""nvidia-gpu's points for an MPS control daemon: after its journal entry (before it starts), after it started
+(before it answers or has its limits), and after it was asked to quit (before its folder and entry go)."""
 
 VFIO_POINTS = ("vfio-after-intent", "vfio-after-binding")
 """vfio-pci passthrough's points: after the intent record, and after the rebinding before the bound record."""

@@ -13,10 +13,19 @@ from hypothesis import strategies as st
 
 from backends.config import CONFIG_API_VERSION
 
-__all__ = ["CHOSEN", "GPU", "RECONFIGURATION_CASES", "SRIOV", "TPU", "VFIO", "allowed_in", "claim", "config_map_data",
-           "gpu", "mutated", "valid_parameters", "vf"]
+__all__ = ["CHOSEN", "GPU", "MAPS", "RECONFIGURATION_CASES", "SRIOV", "TPU", "VFIO", "allowed_in", "as_policy_names",
+           "claim", "config_map_data", "gpu", "mutated", "valid_parameters", "vf"]
 
 GPU, SRIOV, TPU = "gpu.nvidia.com", "sriov.dra-agent.io", "tpu.google.com"
+
+
+MAPS = ("sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit",)
+"""Fields holding a map: the agent names the entry (`...Limit.gpu-a`), the policy the map (its message is static)."""
+
+
+def as_policy_names(field: str) -> str:
+    """A field the agent names, as the policy names it: an entry of a map counts as the map."""
+    return next((m for m in MAPS if field.startswith(m + ".")), field)
 
 
 def claim(driver: str, parameters: Any, template: bool = False, namespace: str = "default") -> dict[str, Any]:
@@ -49,7 +58,24 @@ CHOSEN: list[tuple[str, Any, str | None]] = [
     (GPU, VFIO, None),
     (SRIOV, vf(netDevice={"name": "net%d"}), None),
     (SRIOV, VFIO, None),
-    (GPU, gpu(sharing={"strategy": "MPS"}), "sharing.strategy"),
+    (GPU, gpu(sharing={"strategy": "MPS"}), None),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi",
+        "defaultPerDevicePinnedMemoryLimit": {"gpu-0000-18-00-0": "2G", "GPU-0d0e0f10": "1073741824"}}}), None),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+     "sharing.mpsConfig.defaultActiveThreadPercentage"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
+     "sharing.mpsConfig.defaultActiveThreadPercentage"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "50%"}}),
+     "sharing.mpsConfig.defaultActiveThreadPercentage"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1.5Gi"}}),
+     "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu-a": "-1"}}}),
+     "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {
+        f"gpu-{i}": "1Gi" for i in range(33)}}}), "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}}), "sharing.mpsConfig.multiUser"),
+    (GPU, gpu(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}), "sharing.mpsConfig"),
     (GPU, gpu(sharing={"strategy": "RoundRobin"}), "sharing.strategy"),
     (GPU, gpu(sharing={}), "sharing.strategy"),
     (GPU, gpu(sharing="TimeSlicing"), "sharing"),
@@ -95,6 +121,23 @@ field_names = st.one_of(st.from_regex(r"[a-zA-Z][a-zA-Z0-9]{0,8}", fullmatch=Tru
                         st.sampled_from(["strategy", "name", "sharing", "TimeSlicing", "kind"]))
 
 
+_LIMITS = st.builds(lambda n, suffix: f"{n}{suffix}", st.integers(0, 10**6),
+                    st.sampled_from(["", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"]))
+
+
+@st.composite
+def mps_configs(draw: st.DrawFn) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if draw(st.booleans()):
+        config["defaultActiveThreadPercentage"] = draw(st.integers(1, 100))
+    if draw(st.booleans()):
+        config["defaultPinnedDeviceMemoryLimit"] = draw(_LIMITS)
+    if draw(st.booleans()):
+        config["defaultPerDevicePinnedMemoryLimit"] = draw(st.dictionaries(
+            st.from_regex(r"gpu-[0-9a-f]{1,8}", fullmatch=True), _LIMITS, max_size=3))
+    return config
+
+
 @st.composite
 def valid_parameters(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     kind = draw(st.sampled_from(["GpuConfig", "VfConfig", "VfioConfig"]))
@@ -104,9 +147,11 @@ def valid_parameters(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         if draw(st.booleans()):
             params["driverCapabilities"] = draw(st.lists(st.sampled_from(["compute", "utility", "video", "graphics"]),
                                                          min_size=1, max_size=4))
-        sharing = draw(st.sampled_from([None, "absent", "TimeSlicing", "ExclusiveProcess"]))
+        sharing = draw(st.sampled_from([None, "absent", "TimeSlicing", "ExclusiveProcess", "MPS"]))
         if sharing != "absent":
             params["sharing"] = None if sharing is None else {"strategy": sharing}
+        if sharing == "MPS" and draw(st.booleans()):
+            params["sharing"]["mpsConfig"] = draw(mps_configs())
     elif kind == "VfConfig":
         driver = SRIOV
         net = draw(st.sampled_from(["absent", None, "named"]))
@@ -138,12 +183,16 @@ def mutated(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         elif how == "wrong value" and obj:
             obj[draw(st.sampled_from(sorted(obj)))] = draw(json_values)
         elif how == "out of range":
-            choice = draw(st.sampled_from(["caps", "strategy", "name"]))
+            choice = draw(st.sampled_from(["caps", "strategy", "name", "mps"]))
             if choice == "caps":
                 params["driverCapabilities"] = draw(st.lists(st.sampled_from(["compute", "utility", "teleport"]),
                                                              max_size=6))
             elif choice == "strategy":
                 params["sharing"] = {"strategy": draw(st.sampled_from(["MPS", "RoundRobin", "", "timeslicing"]))}
+            elif choice == "mps":
+                params["sharing"] = {"strategy": "MPS", "mpsConfig": {
+                    draw(st.sampled_from(["defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit"])):
+                    draw(st.one_of(st.integers(-5, 200), st.sampled_from(["1.5Gi", "4Gb", "-1", "", "4Gi", "100"])))}}
             else:
                 params["netDevice"] = {"name": draw(st.text(_NAME_CHARS, min_size=14, max_size=70))}
         elif how == "drop" and obj:
@@ -174,6 +223,9 @@ RECONFIGURATION_CASES: list[tuple[str, Any, dict[str, str], str | None]] = [
     (GPU, gpu(sharing={"strategy": "TimeSlicing"}), {"GpuConfig.sharing.TimeSlicing": "vms"}, None),
     (GPU, gpu(sharing={"strategy": "ExclusiveProcess"}), {"GpuConfig.sharing.TimeSlicing": "*"},
      "GpuConfig.sharing.ExclusiveProcess"),
+    (GPU, gpu(sharing={"strategy": "MPS"}), {"GpuConfig.sharing.TimeSlicing": "*"}, "GpuConfig.sharing.MPS"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}),
+     {"GpuConfig.sharing.MPS": "vms"}, None),
     (SRIOV, vf(), {}, None),
     (SRIOV, vf(netDevice=None), {}, None),
     (SRIOV, vf(netDevice={"name": "net1"}), {}, "VfConfig.netDevice"),
@@ -190,6 +242,7 @@ def allowed_in(data: dict[str, str], namespace: str) -> set[str]:
 
 
 reconfiguration_names = st.sampled_from(["VfioConfig", "GpuConfig.sharing.TimeSlicing",
-                                         "GpuConfig.sharing.ExclusiveProcess", "VfConfig.netDevice"])
+                                         "GpuConfig.sharing.ExclusiveProcess", "GpuConfig.sharing.MPS",
+                                         "VfConfig.netDevice"])
 namespace_lists = st.lists(st.sampled_from(["vms", "team-a", "*", " vms ", "", "vms2"]), max_size=3).map(",".join)
 config_map_data = st.dictionaries(reconfiguration_names, namespace_lists, max_size=4)

@@ -61,7 +61,7 @@ def memory_dir(prefix: str) -> Iterator[Path]:
 
 
 ALL_RECONFIGURATIONS = ("VfioConfig", "GpuConfig.sharing.TimeSlicing", "GpuConfig.sharing.ExclusiveProcess",
-                        "VfConfig.netDevice")
+                        "GpuConfig.sharing.MPS", "VfConfig.netDevice")
 """Every reconfiguration the built-in backends know: the tests of the reconfigurations themselves run on nodes that
 allow them (tests/test_allowed_configs.py shows a node that does not)."""
 

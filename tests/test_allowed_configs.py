@@ -51,6 +51,7 @@ ASKING = [
     (SRIOV, VF_DEVICE, VFIO, "VfioConfig"),
     (GPU, GPU_DEVICE, gpu_config(sharing={"strategy": "TimeSlicing"}), "GpuConfig.sharing.TimeSlicing"),
     (GPU, GPU_DEVICE, gpu_config(sharing={"strategy": "ExclusiveProcess"}), "GpuConfig.sharing.ExclusiveProcess"),
+    (GPU, GPU_DEVICE, gpu_config(sharing={"strategy": "MPS"}), "GpuConfig.sharing.MPS"),
     (SRIOV, VF_DEVICE, {"apiVersion": CONFIG_API_VERSION, "kind": "VfConfig", "netDevice": {"name": "net1"}},
      "VfConfig.netDevice"),
 ]

@@ -99,7 +99,8 @@ def test_an_unknown_reconfiguration_is_named_with_the_known_ones(run_cli: Callab
     assert done.err == (
         "dra-agent: invalid settings:\n"
         "  allowed_configs = VfioConfg (from flag --allowed-configs): no installed backend's claim parameters ask for "
-        "this; known reconfigurations: GpuConfig.sharing.ExclusiveProcess, GpuConfig.sharing.TimeSlicing, "
+        "this; known reconfigurations: GpuConfig.sharing.ExclusiveProcess, GpuConfig.sharing.MPS, "
+        "GpuConfig.sharing.TimeSlicing, "
         "VfConfig.netDevice, VfioConfig\n")
 
 

@@ -67,7 +67,8 @@ def test_every_seed_scenario_behaves_and_the_demo_exits_0(seeds: Told) -> None:
         "4. MIG devices made to order", "5. A GPU and a VF handed to a VM and returned",
         "6. A GPU fails during a running claim", "7. A pod that asks nvidia.com/gpu: 1",
         "8. What a claim's status says after prepare", "9. A VM learns the PCI address of its GPU",
-        "10. Two pods share one GPU by memory", "11. A VF's interface named net1 in the pod"]
+        "10. Two pods share one GPU by memory", "11. A VF's interface named net1 in the pod",
+        "12. The pods of a claim share its GPU through CUDA MPS"]
     assert "every step behaved" in seeds.text
 
 
@@ -179,6 +180,15 @@ def test_h_a_vf_interface_goes_into_the_pod_as_net1(seeds: Told) -> None:
     # The CDI summary's cell may wrap between "interface" and the host name.
     assert re.search(r"interface\s+\S+ as net1", seeds.text), "the CDI summary shows the interface handed over"
     assert checks[-1] == "unprepared: the CDI specs are gone"
+
+
+def test_i_the_pods_of_a_claim_share_its_gpu_through_its_own_mps_daemon(seeds: Told) -> None:
+    checks = seeds.passed("mps")
+    assert "the daemon serves the claim's limits: 50% of the SMs, 16384M of pinned memory per client" in checks
+    assert any(re.fullmatch(r"GPU \S+ is in compute mode EXCLUSIVE_PROCESS: only the daemon's MPS server opens it", c)
+               for c in checks)
+    assert checks[-2:] == ["unprepared: the CDI specs are gone", "the daemon quit through its pipe, its folder is "
+                           "gone and the GPU has its compute mode back"]
 
 
 def test_g_a_pod_asking_nvidia_gpu_gets_a_gpu_and_too_much_or_unknown_is_refused(seeds: Told) -> None:

@@ -155,13 +155,14 @@ async def test_time_slicing_shares_keep_the_compute_mode_until_the_last_goes(scr
         assert backend_journal(env.settings.state_dir, "gpu-shares.json") == {}
 
 
-async def test_an_exclusive_process_share_is_refused_and_leaves_nothing(scratch: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ExclusiveProcess", "MPS"])
+async def test_an_exclusive_process_or_mps_share_is_refused_and_leaves_nothing(scratch: Path, strategy: str) -> None:
     async with agent_in_process(scratch, "dgx-h100", backends=("nvidia-gpu",), backend_config=SHARING) as env, \
             KubeletSimulator(env.settings.registry_dir) as kubelet:
         plugin = await sharing_agent(env, kubelet)
-        ref = share(env.server, "exclusive", "8Gi", sharing={"strategy": "ExclusiveProcess"})
+        ref = share(env.server, "exclusive", "8Gi", sharing={"strategy": strategy})
         error = (await plugin.prepare([ref]))[ref.uid].error
-        assert f"{DEVICE}: sharing strategy ExclusiveProcess cannot be used on a share of a GPU" in error
+        assert f"{DEVICE}: sharing strategy {strategy} cannot be used on a share of a GPU" in error
         assert records(env) == {} and spec_of(env, ref.uid) is None
         assert simulated_nvml(env).compute_mode(0) == DEFAULT
         assert backend_journal(env.settings.state_dir, "compute-modes.json") == {}

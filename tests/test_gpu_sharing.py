@@ -95,8 +95,18 @@ async def test_without_sharing_the_compute_mode_is_left_as_it_is(scratch: Path) 
 
 
 @pytest.mark.parametrize(("sharing", "message"), [
-    ({"strategy": "MPS"}, "GpuConfig.sharing.strategy: Value error, MPS is not supported: it needs an MPS control "
-                          "daemon per claim with its pipe and log directories mounted into the containers"),
+    ({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}},
+     "GpuConfig.sharing.mpsConfig.defaultActiveThreadPercentage: Input should be greater than or equal to 1"),
+    ({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}},
+     "GpuConfig.sharing.mpsConfig.defaultActiveThreadPercentage: Input should be less than or equal to 100"),
+    ({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1.5Gi"}},
+     "GpuConfig.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Value error, must be a whole amount of bytes with "
+     "an optional suffix k, M, G, T, Ki, Mi, Gi or Ti (e.g. 4Gi)"),
+    ({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {DEVICE: "4GB"}}},
+     f"GpuConfig.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.{DEVICE}: Value error, must be a whole amount"),
+    ({"strategy": "MPS", "mpsConfig": {"multiUser": True}},
+     "GpuConfig.sharing.mpsConfig.multiUser: Extra inputs are not permitted"),
+    ({"strategy": "TimeSlicing", "mpsConfig": {}}, "GpuConfig.sharing.mpsConfig: Extra inputs are not permitted"),
     ({"strategy": "RoundRobin"}, "GpuConfig.sharing.strategy: Input tag 'RoundRobin' found using 'strategy' does not "
                                  "match any of the expected tags: 'TimeSlicing', 'ExclusiveProcess', 'MPS'"),
     ({"strategy": "TimeSlicing", "interval": "Long"}, "GpuConfig.sharing.interval: Extra inputs are not permitted"),
@@ -138,13 +148,15 @@ async def test_a_compute_mode_nvml_refuses_fails_the_claim_and_leaves_no_record(
         assert nvml.compute_mode(0) == DEFAULT and journal(env.settings.state_dir) == {}
 
 
-async def test_sharing_on_a_mig_device_time_slices_as_it_is_and_refuses_exclusive(scratch: Path) -> None:
+async def test_sharing_on_a_mig_device_time_slices_as_it_is_and_refuses_exclusive_and_mps(scratch: Path) -> None:
     async with agent_in_process(scratch, "mixed") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
         plugin = await kubelet.wait_for_plugin(GPU)
         mig = "gpu-0000-07-00-0-mig-2g20gb-14-4"
-        refused = allocate(env.server, "exclusive", [("gpu", GPU, mig)], gpu_config(EXCLUSIVE))
-        error = (await plugin.prepare([refused]))[refused.uid].error
-        assert f"{mig}: sharing strategy ExclusiveProcess needs a full GPU; a MIG device has no compute mode" in error
+        for sharing in (EXCLUSIVE, {"strategy": "MPS"}):
+            refused = allocate(env.server, "exclusive", [("gpu", GPU, mig)], gpu_config(sharing))
+            error = (await plugin.prepare([refused]))[refused.uid].error
+            assert (f"{mig}: sharing strategy {sharing['strategy']} needs a full GPU; a MIG device has no compute "
+                    "mode") in error
         shared = allocate(env.server, "sliced", [("gpu", GPU, mig)], gpu_config(TIME_SLICING))
         assert (await plugin.prepare([shared]))[shared.uid].error == ""
         nvml = simulated_nvml(env)
@@ -217,3 +229,15 @@ def test_the_simulated_compute_mode_is_per_gpu_not_per_mig_device_and_outlives_t
             pynvml.nvmlDeviceSetComputeMode(mig, DEFAULT)
     again = SimulatedNode.open(node.profile, node.root)  # a restarted agent's view of the same node
     assert [g.compute_mode for g in again.nvml.gpus][:2] == [EXCLUSIVE_PROCESS, DEFAULT]
+
+
+async def test_mps_with_vfio_for_the_same_gpu_fails_the_claim(scratch: Path) -> None:
+    async with agent_in_process(scratch, "dgx-h100") as env, KubeletSimulator(env.settings.registry_dir) as kubelet:
+        plugin = await kubelet.wait_for_plugin(GPU)
+        vfio = {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": GPU, "parameters": {
+            "apiVersion": "dra-agent.io/v1alpha1", "kind": "VfioConfig"}}}
+        claim = allocate(env.server, "both", [("gpu", GPU, DEVICE)], [*gpu_config({"strategy": "MPS"}), vfio])
+        error = (await plugin.prepare([claim]))[claim.uid].error
+        assert ("GpuConfig.sharing MPS runs an MPS control daemon on the GPU through the nvidia driver, and VfioConfig "
+                "binds the GPU to vfio-pci") in error
+        assert simulated_nvml(env).compute_mode(0) == DEFAULT and journal(env.settings.state_dir) == {}

@@ -90,8 +90,8 @@ def test_chosen_cases(driver: str, params: Any, data: dict[str, str], name: str 
 
 def test_every_reconfiguration_is_checked_once() -> None:
     names = [v["messageExpression"].split(" asks for ", 1)[1].split(" ", 1)[0] for v in POLICY["spec"]["validations"]]
-    assert sorted(names) == ["GpuConfig.sharing.ExclusiveProcess", "GpuConfig.sharing.TimeSlicing",
-                             "VfConfig.netDevice", "VfioConfig"]
+    assert sorted(names) == ["GpuConfig.sharing.ExclusiveProcess", "GpuConfig.sharing.MPS",
+                             "GpuConfig.sharing.TimeSlicing", "VfConfig.netDevice", "VfioConfig"]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -55,7 +55,8 @@ def test_the_environment_file_names_only_settings() -> None:
 def test_unit_settings() -> None:
     text = UNIT.read_text()
     for line in ("Type=notify", "Restart=on-failure", "WatchdogSec=30", "KillSignal=SIGTERM", "NoNewPrivileges=yes",
-                 "ProtectSystem=strict", "After=network-online.target kubelet.service"):
+                 "ProtectSystem=strict", "After=network-online.target kubelet.service", "KillMode=process",
+                 "RestrictNamespaces=mnt"):
         assert line in text.splitlines()
 
 

@@ -116,9 +116,19 @@ class _Compiler:
     def object(self, schema: Mapping[str, Any], expr: str, path: str, depth: int, skip: frozenset[str], *,
                typed: bool) -> list[Check]:
         """An object's checks; `typed`: it is known to be an object (its own type is checked elsewhere)."""
-        self.known(schema, {"type", "properties", "required", "additionalProperties"}, path)
+        self.known(schema, {"type", "properties", "required", "additionalProperties", "maxProperties"}, path)
         properties: Mapping[str, Any] = schema.get("properties", {})
         inner: list[Check] = []
+        if "maxProperties" in schema:
+            inner.append(Check(path, f"size({expr}) <= {schema['maxProperties']}",
+                               f"must have at most {schema['maxProperties']} entries"))
+        values = schema.get("additionalProperties", True)
+        if isinstance(values, Mapping):  # a map: every value follows one schema
+            if properties:
+                raise SchemaError(f"{path}: an object with both named fields and a schema for other keys")
+            key = f"k{depth}"
+            for check in self.node(values, f"{expr}[{key}]", path, depth + 1):
+                inner.append(replace(check, condition=f"{expr}.all({key}, {check.condition})", unknown=None))
         for name in schema.get("required", []):
             if name not in skip:
                 inner.append(Check(_field(path, name), f"has({expr}.{self.name(name, path)})", "is required"))

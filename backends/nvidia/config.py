@@ -3,13 +3,16 @@ configuration a claim or device class can give NVIDIA GPUs and MIG devices (driv
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from backends.config import CONFIG_API_VERSION, BackendConfig, OpaqueConfig, Reconfiguration
 from backends.nvidia.driver_files import Capability
 from backends.nvidia.health_rules import DEFAULT_IGNORED_XIDS
+from backends.vfio import VfioConfig
 
 __all__ = [
     "DEFAULT_GPU_CONFIG",
@@ -17,9 +20,11 @@ __all__ = [
     "GpuBackendConfig",
     "GpuConfig",
     "GpuSharingSettings",
+    "MemoryLimit",
     "MigBackendConfig",
     "MigMode",
     "Mps",
+    "MpsConfig",
     "NvidiaHealthConfig",
     "Sharing",
     "TimeSlicing",
@@ -102,21 +107,71 @@ class ExclusiveProcess(_Strategy):
     strategy: Literal["ExclusiveProcess"]
 
 
-_MPS_REFUSED = ("MPS is not supported: it needs an MPS control daemon per claim with its pipe and log directories "
-                "mounted into the containers, which dra-agent does not run; use TimeSlicing or ExclusiveProcess")
+_BYTE_SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+                  "Ti": 2**40}
+_MEMORY = "^[0-9]{1,15}(k|M|G|T|Ki|Mi|Gi|Ti)?$"
+_MEMORY_WORDS = "a whole amount of bytes with an optional suffix k, M, G, T, Ki, Mi, Gi or Ti (e.g. 4Gi)"
+
+
+def _bytes(text: str) -> int:
+    digits = text.rstrip("kMGTi")
+    return int(digits) * _BYTE_SUFFIXES[text[len(digits):]]
+
+
+def _memory(text: str) -> str:
+    if re.fullmatch(_MEMORY, text) is None:
+        raise ValueError(f"must be {_MEMORY_WORDS}")
+    return text
+
+
+# The pattern goes into the JSON schema (the admission policy); the validator says what is wrong in words.
+MemoryLimit = Annotated[str, AfterValidator(_memory),
+                        Field(json_schema_extra={"pattern": _MEMORY, "description": _MEMORY_WORDS})]
+"""An amount of memory as a Kubernetes quantity in whole bytes (`4Gi`, `500M`, `1073741824`)."""
+
+
+class MpsConfig(BaseModel):
+    """`sharing.mpsConfig` of `strategy: MPS`: the limits the claim's MPS control daemon gives every client.
+
+    Named as in NVIDIA's DRA driver (`MpsConfig`), so its `mpsConfig` block carries over unchanged, except that
+    `defaultPerDevicePinnedMemoryLimit` is keyed by the device's name in the pool or its GPU UUID (not by an index
+    into the claim's devices). `defaultActiveThreadPercentage` (1-100) bounds the share of a GPU's streaming
+    multiprocessors each client may use; `defaultPinnedDeviceMemoryLimit` bounds the device memory each client may
+    pin on every GPU of the claim, overridden per GPU by `defaultPerDevicePinnedMemoryLimit`. Limits larger than
+    the GPU's memory, and keys that name no device of the claim, fail the claim at prepare.
+    """
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    default_active_thread_percentage: int | None = Field(
+        default=None, alias="defaultActiveThreadPercentage", ge=1, le=100)
+    default_pinned_device_memory_limit: MemoryLimit | None = Field(default=None, alias="defaultPinnedDeviceMemoryLimit")
+    default_per_device_pinned_memory_limit: dict[str, MemoryLimit] = Field(
+        default_factory=dict, alias="defaultPerDevicePinnedMemoryLimit", max_length=32)
+
+    def pinned_limits(self, devices: Mapping[str, str]) -> dict[str, int]:
+        """The pinned memory limit in bytes per device of the claim that has one; `devices` maps each device's
+        name to its GPU UUID. Raises ValueError naming a key that is no device of the claim."""
+        limits: dict[str, int] = {}
+        if self.default_pinned_device_memory_limit is not None:
+            limits = {name: _bytes(self.default_pinned_device_memory_limit) for name in devices}
+        by_uuid = {uuid: name for name, uuid in devices.items() if uuid}
+        for key, limit in self.default_per_device_pinned_memory_limit.items():
+            name = key if key in devices else by_uuid.get(key)
+            if name is None:
+                raise ValueError(f"defaultPerDevicePinnedMemoryLimit names {key!r}, which is not a device of this "
+                                 f"claim (its devices: {', '.join(sorted(devices))}, or their GPU UUIDs)")
+            limits[name] = _bytes(limit)
+        return limits
 
 
 class Mps(_Strategy):
-    """`strategy: MPS`: refused. CUDA MPS needs a control daemon per claim and its pipe and log directories
-    mounted into every container, which the agent does not run."""
+    """`strategy: MPS`: CUDA MPS. The agent runs one MPS control daemon per claim, sets its GPUs to compute mode
+    EXCLUSIVE_PROCESS (only the daemon's MPS server opens them; the containers' processes are its clients) and
+    gives every container of the claim the daemon's pipe directory; `mpsConfig` sets the daemon's limits."""
 
-    # `not: {}` (nothing is valid) carries the refusal into the JSON schema the admission policy is made from.
-    strategy: Literal["MPS"] = Field(json_schema_extra={"not": {}, "description": _MPS_REFUSED})
-
-    @field_validator("strategy")
-    @classmethod
-    def _unsupported(cls, strategy: str) -> str:
-        raise ValueError(_MPS_REFUSED)
+    strategy: Literal["MPS"]
+    mps_config: MpsConfig = Field(default_factory=MpsConfig, alias="mpsConfig")
 
 
 Sharing = Annotated[TimeSlicing | ExclusiveProcess | Mps, Field(discriminator="strategy")]
@@ -128,8 +183,8 @@ class GpuConfig(OpaqueConfig):
 
     `driverCapabilities` chooses which parts of the host's NVIDIA driver the container gets: `compute` (CUDA),
     `utility` (NVML, nvidia-smi), `video` (NVDEC/NVENC), `graphics` (OpenGL, EGL, Vulkan). `sharing` (optional)
-    sets how processes share the GPU: `{strategy: TimeSlicing}` or `{strategy: ExclusiveProcess}`; without it
-    the GPU's compute mode is left as it is.
+    sets how processes share the GPU: `{strategy: TimeSlicing}`, `{strategy: ExclusiveProcess}` or
+    `{strategy: MPS, mpsConfig: {...}}`; without it the GPU's compute mode is left as it is.
     """
 
     API_VERSION: ClassVar[str] = CONFIG_API_VERSION
@@ -141,12 +196,21 @@ class GpuConfig(OpaqueConfig):
                         "sets the GPU's compute mode to Default for the claim"),
         Reconfiguration("GpuConfig.sharing.ExclusiveProcess", ("sharing", "strategy"), "ExclusiveProcess",
                         "sets the GPU's compute mode to Exclusive Process for the claim"),
+        Reconfiguration("GpuConfig.sharing.MPS", ("sharing", "strategy"), "MPS",
+                        "sets the GPU's compute mode to Exclusive Process and runs a CUDA MPS control daemon for the "
+                        "claim"),
     )
 
     driver_capabilities: tuple[Capability, ...] = Field(
         default=("compute", "utility"), alias="driverCapabilities", min_length=1, max_length=4
     )
     sharing: Sharing | None = None
+
+    def conflict(self, other: OpaqueConfig) -> str | None:
+        if isinstance(self.sharing, Mps) and isinstance(other, VfioConfig):
+            return ("GpuConfig.sharing MPS runs an MPS control daemon on the GPU through the nvidia driver, and "
+                    "VfioConfig binds the GPU to vfio-pci, away from that driver: ask for one of them")
+        return None
 
 
 DEFAULT_GPU_CONFIG = GpuConfig(api_version=CONFIG_API_VERSION, kind="GpuConfig")

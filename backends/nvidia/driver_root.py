@@ -29,6 +29,7 @@ _DIRS = {
     "aarch64": ("usr/lib64", "usr/lib/aarch64-linux-gnu", "lib64", "lib/aarch64-linux-gnu", "usr/lib", "lib"),
 }
 _CONTROL_NODE = "nvidiactl"
+_PROGRAM_DIRS = ("usr/bin", "bin", "usr/local/bin", "usr/sbin", "sbin")
 
 
 def _below(path: Path, root: Path) -> str:
@@ -130,6 +131,15 @@ class DriverRoot:
                 resolved = []
             parts = [p for p in target.split("/") if p and p != "."] + parts
         return self.root.joinpath(*resolved)
+
+    def find_program(self, name: str) -> Path | None:
+        """The executable file the driver root's `name` (e.g. nvidia-cuda-mps-control) is, as the agent sees it:
+        the first found in the driver's usual program folders, links resolved inside the driver root."""
+        for folder in _PROGRAM_DIRS:
+            target = self.resolve(f"/{folder}/{name}")
+            if target is not None and target.is_file() and os.access(target, os.X_OK):
+                return target
+        return None
 
     # -- libraries -------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,8 @@ from backends.contract import (
     BackendContext,
     ClaimRef,
     Device,
+    DevicesChanged,
+    HealthEvent,
     Inventory,
     Prepared,
     PrepareError,
@@ -24,10 +26,12 @@ from backends.nvidia.config import GpuBackendConfig, GpuConfig
 from backends.nvidia.gpu_shares import GpuShares, memory_policy, sharing_of
 from backends.nvidia.health_rules import DeviceRef
 from backends.nvidia.mig_whole import held_whole
-from backends.nvidia.nvml import GpuInfo, GpuProblem, NvmlError, SystemInfo, nvml_session
+from backends.nvidia.mps import MpsDaemons, MpsGpu, control_program
+from backends.nvidia.mps_watch import MpsWatch, with_daemons
+from backends.nvidia.nvml import GpuInfo, GpuProblem, NvmlError, SystemInfo, loaded_library, nvml_session
 from backends.nvidia.nvml_compute import MigMode, mig_mode
 from backends.nvidia.passthrough import describe, held_device
-from backends.nvidia.sharing import ComputeModes, wanted_mode
+from backends.nvidia.sharing import ComputeModes, claim_mps_config, mps_of, wanted_mode
 from backends.sysfs import SysfsError, read_link_name
 from backends.topology import PCI_BUS_ID, device_name
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
@@ -52,6 +56,8 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         self._mig_gpus: set[int] = set()  # indexes of GPUs left to nvidia-mig, from the last discovery
         self._modes: ComputeModes | None = None
         self._shares: GpuShares | None = None
+        self._mps: MpsDaemons | None = None
+        self._mps_watch: MpsWatch | None = None
         # GPUs being given back from vfio-pci: name → (hand-back number, as published, PCI address); see
         # `_returning_devices`.
         self._returning: dict[str, tuple[int, Device, str]] = {}
@@ -68,6 +74,8 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         await super().start(ctx)
         self._modes = ComputeModes(ctx.state_dir, ctx.log)
         self._shares = GpuShares(ctx.state_dir, ctx.log)
+        self._mps = MpsDaemons(ctx.state_dir, ctx.log)
+        self._mps_watch = MpsWatch(self._mps, ctx.log)
 
     async def discover(self) -> Inventory:
         # GPUs on vfio-pci for a claim are gone from NVML: published as they were, not watched through NVML. The
@@ -134,6 +142,22 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
         assert self._shares is not None
         return self._shares
 
+    @property
+    def mps(self) -> MpsDaemons:
+        assert self._mps is not None
+        return self._mps
+
+    @property
+    def mps_watch(self) -> MpsWatch:
+        assert self._mps_watch is not None
+        return self._mps_watch
+
+    async def health(self) -> AsyncIterator[HealthEvent | DevicesChanged]:
+        """The NVIDIA health stream, with GPUs whose claim's MPS control daemon ended unhealthy until it serves
+        again (see `mps_watch`)."""
+        async for item in with_daemons(super().health(), self.mps_watch):
+            yield item
+
     async def prepare(self, claim: ClaimRef, devices: Sequence[Allocated]) -> Sequence[Prepared]:
         """Device node per GPU; control nodes and the driver's files for the chosen capabilities for all; the
         compute mode the GpuConfig's sharing asks for. A GPU configured with VfioConfig is bound to vfio-pci
@@ -179,6 +203,13 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                     share_id=a.share_id,
                     facts=self._facts(a.device),
                 )
+            mps = [a for a in plain if mps_of(a) is not None]
+            if mps:
+                edits = await self._start_mps(claim, mps)
+                for a in mps:
+                    item = prepared[(a.device, None)]
+                    prepared[(a.device, None)] = replace(item, edits=item.edits.merge(edits),
+                                                         restore={**item.restore, "mps": True})
             passthrough = [(a.device, self._refs[a.device].bus_id) for a in devices if a.device in through]
             if passthrough:
                 published = {ref.bus_id for ref in self._refs.values()}
@@ -186,10 +217,24 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                 for item in await self.passthrough().prepare(claim.uid, passthrough, published, notes):
                     prepared[(item.device, None)] = replace(item, facts={**self._facts(item.device), **item.facts})
         except BaseException:
-            # One claim is all or nothing: compute modes this call set go back, and the shares it recorded go.
+            # One claim is all or nothing: its MPS daemon stops, compute modes this call set go back, and the
+            # shares it recorded go.
+            await asyncio.to_thread(self.mps.stop, claim.uid)
             await self._restore_modes(claim, list(prepared.values()))
             raise
         return [prepared[(a.device, a.share_id)] for a in devices]
+
+    async def _start_mps(self, claim: ClaimRef, devices: Sequence[Allocated]) -> ContainerEdits:
+        """The claim's MPS control daemon, serving its GPUs (already in EXCLUSIVE_PROCESS) with their limits."""
+        config = claim_mps_config(devices)
+        program = control_program(self.driver_root)
+        gpus = [MpsGpu(a.device, self._refs[a.device].uuid or str(self._devices[a.device].attributes.get("uuid")),
+                       self._devices[a.device].capacity["memory"]) for a in devices]
+        library = loaded_library()
+        edits = await asyncio.to_thread(self.mps.start, claim.uid, gpus, config, program,
+                                        library.parent if library is not None else None)
+        self.mps_watch.watch(claim.uid)
+        return edits
 
     async def _check_shares(self, shares: Sequence[Allocated]) -> None:
         """Refuse shares the GPU cannot give: of a GPU passed through or handed to nvidia-mig (MIG mode on, or held
@@ -250,7 +295,10 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
 
     async def unprepare(self, claim: ClaimRef, prepared: Sequence[Prepared]) -> None:
         """GPUs passed through go back to their driver; GPUs whose compute mode was set get their own back (for
-        shares, when the last share of the GPU goes); shares are forgotten."""
+        shares, when the last share of the GPU goes); shares are forgotten. The claim's MPS daemon stops first:
+        its server holds the GPUs until then."""
+        self.mps_watch.forget(claim.uid)  # its end is no death to revive it from
+        await asyncio.to_thread(self.mps.stop, claim.uid)
         await self._restore_modes(claim, prepared)
         # Known as returning before their journal entries go: no discovery in between may miss them.
         entries = {e["device"]: e for e in await self.passthrough().entries() if e["claim"] == claim.uid}
@@ -269,7 +317,9 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
                 await asyncio.to_thread(self.shares.release, claim.uid, item.device, item.share_id)
 
     async def reconcile(self, held: Mapping[str, Sequence[str]]) -> None:
-        """GPUs left on vfio-pci, or in a compute mode set, for claims no longer held go back as they were."""
+        """GPUs left on vfio-pci, or in a compute mode set, for claims no longer held go back as they were; MPS
+        daemons of such claims stop (before the modes go back)."""
+        await asyncio.to_thread(self.mps.reconcile, held)
         await asyncio.to_thread(self.modes.reconcile, held)
         await asyncio.to_thread(self.shares.reconcile, held)
         await self.passthrough().reconcile(held)
@@ -280,6 +330,8 @@ class NvidiaGpuBackend(NvidiaBackend, PassthroughBackend):
             self._modes.close()
         if self._shares is not None:
             self._shares.close()
+        if self._mps is not None:
+            self._mps.close()
 
     def _discover(self) -> Inventory:
         return self.read_nvml(self._inventory)

@@ -1,16 +1,19 @@
 """GPU sharing: the compute mode a claim's `GpuConfig.sharing` asks for, set on its full GPUs at prepare and
-put back at unprepare.
+put back at unprepare. The one place where a sharing strategy is checked against the device it is for (`mps_of`,
+`wanted_mode`); the MPS daemon itself is `mps`'s.
 
 `TimeSlicing` is compute mode DEFAULT (every process of every container sharing the claim gets turns on the GPU;
-NVML offers no call for the length of a turn, so the driver's own applies); `ExclusiveProcess` is
-EXCLUSIVE_PROCESS. A MIG device has no compute mode of its own (NVML says NOT_SUPPORTED): its processes always
-take turns, so `TimeSlicing` asks for nothing there and `ExclusiveProcess` is refused. A claim with adminAccess
-watches a GPU another claim may hold and never changes its mode.
+NVML offers no call for the length of a turn, so the driver's own applies); `ExclusiveProcess` and `MPS` are
+EXCLUSIVE_PROCESS (with MPS, the daemon's server is that one process). A MIG device has no compute mode of its
+own (NVML says NOT_SUPPORTED): its processes always take turns, so `TimeSlicing` asks for nothing there and
+`ExclusiveProcess` and `MPS` are refused. A claim with adminAccess watches a GPU another claim may hold and never
+changes its mode.
 
 Shares of a GPU (it is shared by capacity, see `gpu_shares`): every share whose configuration sets a mode sets
 the same one (the shares' configurations must agree), so the first share records the GPU's mode from before and
 sets it, the others record that same original, and the mode goes back only when the last of them goes.
-`ExclusiveProcess` is refused for a share: one process at a time cannot serve several claims.
+`ExclusiveProcess` and `MPS` are refused for a share: one process at a time, or one claim's daemon, cannot serve
+several claims.
 
 Crash safety: the GPU's mode before the change is recorded in a journal in the backend's state directory (the
 intent) before NVML is asked to change it, and goes into the claim's restore record. Unprepare, the rollback of a
@@ -28,7 +31,7 @@ from structlog.typing import FilteringBoundLogger
 
 from backends.contract import Allocated, PrepareError
 from backends.journal import Journal
-from backends.nvidia.config import ExclusiveProcess, GpuConfig, TimeSlicing
+from backends.nvidia.config import ExclusiveProcess, GpuConfig, Mps, MpsConfig, TimeSlicing
 from backends.nvidia.nvml import NvmlError, nvml_session
 from backends.nvidia.nvml_compute import (
     COMPUTE_MODE_NAMES,
@@ -40,7 +43,23 @@ from backends.nvidia.nvml_compute import (
     set_compute_mode,
 )
 
-__all__ = ["ComputeModes", "wanted_mode"]
+__all__ = ["ComputeModes", "claim_mps_config", "mps_of", "wanted_mode"]
+
+
+def mps_of(allocated: Allocated) -> MpsConfig | None:
+    """The MPS settings of a device whose configuration asks for MPS (never for adminAccess); None otherwise."""
+    config = allocated.config
+    sharing = config.sharing if isinstance(config, GpuConfig) else None
+    return sharing.mps_config if isinstance(sharing, Mps) and not allocated.admin_access else None
+
+
+def claim_mps_config(devices: Sequence[Allocated]) -> MpsConfig:
+    """The MPS settings of a claim's devices that ask for MPS: one daemon serves them all, so they must agree."""
+    configs = [c for c in map(mps_of, devices) if c is not None]
+    if not configs or any(c != configs[0] for c in configs):
+        raise PrepareError("the GPUs of a claim that use MPS share one MPS control daemon: the requests' "
+                           "GpuConfig.sharing.mpsConfig must be the same for all of them")
+    return configs[0]
 
 
 def wanted_mode(allocated: Allocated, mig_device: bool = False) -> int | None:
@@ -49,16 +68,20 @@ def wanted_mode(allocated: Allocated, mig_device: bool = False) -> int | None:
     sharing = config.sharing if isinstance(config, GpuConfig) else None
     if sharing is None or allocated.admin_access:
         return None
-    if allocated.share_id is not None and isinstance(sharing, ExclusiveProcess):
-        raise PrepareError(f"{allocated.device}: sharing strategy ExclusiveProcess cannot be used on a share of a "
-                           "GPU: one process at a time cannot serve the several claims sharing it by memory; use "
-                           "TimeSlicing or no sharing strategy")
+    if allocated.share_id is not None and isinstance(sharing, ExclusiveProcess | Mps):
+        raise PrepareError(f"{allocated.device}: sharing strategy {sharing.strategy} cannot be used on a share of a "
+                           f"GPU: {_ONE_OWNER[sharing.strategy]} cannot serve the several claims sharing it by "
+                           "memory; use TimeSlicing or no sharing strategy")
     if mig_device:
-        if isinstance(sharing, ExclusiveProcess):
-            raise PrepareError(f"{allocated.device}: sharing strategy ExclusiveProcess needs a full GPU; a MIG "
-                               "device has no compute mode of its own (its processes always take turns)")
+        if isinstance(sharing, ExclusiveProcess | Mps):
+            raise PrepareError(f"{allocated.device}: sharing strategy {sharing.strategy} needs a full GPU; a MIG "
+                               "device has no compute mode of its own (NVML refuses to set one; its processes always "
+                               "take turns)")
         return None
     return DEFAULT if isinstance(sharing, TimeSlicing) else EXCLUSIVE_PROCESS
+
+
+_ONE_OWNER = {"ExclusiveProcess": "one process at a time", "MPS": "the MPS control daemon of one claim"}
 
 
 def _key(claim: str, device: str, share: str | None) -> str:

@@ -21,6 +21,7 @@ from simulator.demo.claims import device_classes
 from simulator.demo.cluster import DemoCluster, DemoError
 from simulator.demo.extended import extended_gpu
 from simulator.demo.health import HEALTH_CONFIG, gpu_failure
+from simulator.demo.mps import mps
 from simulator.demo.reconfig import MIG_CONFIG, dgx_h100_in_mig_mode, dynamic_mig, vfio
 from simulator.demo.scenarios import GKE_NODES, aligned_nic, all_gpus, readiness, tour
 from simulator.demo.story import Story
@@ -98,9 +99,11 @@ SCENARIOS: dict[str, Scenario] = {
                            lambda c, s, p: gpu_shares(c, s, SHARED_NODE)),
     "vf-interface": Scenario("A VF's interface named net1 in the pod", _main,
                              lambda c, s, p: vf_interface(c, s, p.main_node.name)),
+    "mps": Scenario("The pods of a claim share its GPU through CUDA MPS", _main,
+                    lambda c, s, p: mps(c, s, p.main_node.name)),
 }
 SEEDS = ("readiness", "all-gpus", "aligned-nic", "mig", "vfio", "health", "extended-gpu", "claim-status",
-         "vm-metadata", "gpu-shares", "vf-interface")
+         "vm-metadata", "gpu-shares", "vf-interface", "mps")
 
 INTRO = ("Kubernetes Dynamic Resource Allocation in a few words: a node agent publishes its devices as "
          "ResourceSlices; a DeviceClass names a kind of device; a pod's ResourceClaim asks for devices of "

@@ -6,7 +6,8 @@ Each library is its versioned file plus the soname link, and `etc/ld.so.cache` l
 ldconfig run. libnvidia-ml is the simulated NVML library (`simulator.nvml.library`), a copy per node: the library
 finds its node's NVML server through the link beside the file it was loaded from
 (`simulator.nvml.library.SERVER_LINK`), and two nodes' copies must be two libraries to a process that loads
-both. The other libraries and the binaries are placeholders, for the CDI mounts.
+both. `nvidia-cuda-mps-control` is the simulated MPS control program (`simulator.node.mps_control`); the other
+libraries and binaries are placeholders, for the CDI mounts.
 """
 
 from __future__ import annotations
@@ -15,22 +16,26 @@ import filecmp
 import os
 import platform
 import shutil
+import sys
 from pathlib import Path
 
 from backends.nvidia.ldcache import abi_flags
+from simulator.node import mps_control
 from simulator.node.devnodes import make_device_node
 from simulator.node.ldconfig import write_ld_cache
 from simulator.node.profile import NvidiaDriverSpec
 from simulator.nvml.library import SERVER_LINK, build_library
 
-__all__ = ["CONTAINER_DRIVER_ROOT", "driver_root", "install_driver", "nvml_server_socket", "refresh_nvml_library"]
+__all__ = ["CONTAINER_DRIVER_ROOT", "MPS_CONTROL", "driver_root", "install_driver", "install_mps_control",
+           "nvml_server_socket", "refresh_nvml_library"]
 
 CONTAINER_DRIVER_ROOT = "run/nvidia/driver"
 """Where the host sees the root of the GPU operator's driver container."""
 _LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so", "libnvcuvid.so",
               "libnvidia-encode.so")
 _NVML = "libnvidia-ml.so"
-_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control")
+MPS_CONTROL = "nvidia-cuda-mps-control"
+_BINARIES = ("nvidia-smi", "nvidia-debugdump")
 _DEVICE_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 
@@ -75,9 +80,23 @@ def install_driver(root: Path, spec: NvidiaDriverSpec, gpu_minors: list[int], *,
     for name in _BINARIES:
         (binaries / name).write_bytes(b"#!/bin/sh\n")
         (binaries / name).chmod(0o755)
+    install_mps_control(droot)
     if spec.layout == "container":
         _copy_device_nodes(root / "dev", droot / "dev", gpu_minors, char)
     return droot
+
+
+def install_mps_control(droot: Path) -> None:
+    """The simulated `nvidia-cuda-mps-control` (`simulator.node.mps_control`) in the driver root's usr/bin, run by
+    this Python; replaced atomically, so a node kept across versions of the simulator gets the current one."""
+    program = droot / "usr/bin" / MPS_CONTROL
+    text = f"#!{sys.executable}\n" + Path(mps_control.__file__).read_text()
+    if program.is_file() and program.read_text() == text:
+        return
+    temp = program.with_name(f".{program.name}.tmp")
+    temp.write_text(text)
+    temp.chmod(0o755)
+    os.replace(temp, program)
 
 
 def _copy_device_nodes(host: Path, container: Path, gpu_minors: list[int], char: bool) -> None:

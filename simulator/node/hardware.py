@@ -12,7 +12,7 @@ from pathlib import Path
 
 from simulator.node.catalog import GPU_MODELS
 from simulator.node.devnodes import make_device_node
-from simulator.node.driver_install import driver_root, install_driver, refresh_nvml_library
+from simulator.node.driver_install import driver_root, install_driver, install_mps_control, refresh_nvml_library
 from simulator.node.layout import NodePlan, plan_node
 from simulator.node.procfs import write_host_net
 from simulator.node.profile import NodeProfile, ProfileError
@@ -120,6 +120,7 @@ class SimulatedNode:
             node = cls.existing(profile, root)
             if profile.nvidia.installed:
                 refresh_nvml_library(root, profile.nvidia)
+                install_mps_control(driver_root(root, profile.nvidia.layout))
             return node
         if root.exists() and any(p.name != _SIM for p in root.iterdir()):
             raise ProfileError(f"{root} is not empty and holds no simulated node; use an empty folder")

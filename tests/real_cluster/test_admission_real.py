@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from agent.admission.policy import MESSAGE, builtin_drivers, policy_objects
 from agent.claims.opaque import InvalidParameters, validate_parameters
 from cluster.kubectl import KubectlError
-from tests.admission_cases import CHOSEN, claim, mutated
+from tests.admission_cases import CHOSEN, as_policy_names, claim, mutated
 from tests.admission_cel import evaluate
 from tests.real_cluster.cluster_env import RealCluster, every_reconfiguration_allowed
 
@@ -34,11 +34,12 @@ def _every_reconfiguration_allowed(real_cluster: RealCluster) -> Iterator[None]:
 
 
 def agent_fields(driver: str, params: Any) -> set[str]:
-    """The fields the agent names when it refuses these parameters at prepare (empty: it accepts them)."""
+    """The fields the agent names when it refuses these parameters at prepare (empty: it accepts them), an entry of
+    a map counting as the map."""
     try:
         validate_parameters(params, DRIVERS[driver])
     except InvalidParameters as e:
-        return {p.field for p in e.problems}
+        return {as_policy_names(p.field) for p in e.problems}
     return set()
 
 
