@@ -68,6 +68,8 @@ CHOSEN: list[tuple[str, Any, str | None]] = [
      "sharing.mpsConfig.defaultActiveThreadPercentage"),
     (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "50%"}}),
      "sharing.mpsConfig.defaultActiveThreadPercentage"),
+    (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "100"}}),
+     "sharing.mpsConfig.defaultActiveThreadPercentage"),
     (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1.5Gi"}}),
      "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit"),
     (GPU, gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu-a": "-1"}}}),

@@ -143,8 +143,9 @@ class MpsConfig(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
+    # Strict: a number written as a string is refused, as NVIDIA's Go types and the admission policy refuse it.
     default_active_thread_percentage: int | None = Field(
-        default=None, alias="defaultActiveThreadPercentage", ge=1, le=100)
+        default=None, alias="defaultActiveThreadPercentage", ge=1, le=100, strict=True)
     default_pinned_device_memory_limit: MemoryLimit | None = Field(default=None, alias="defaultPinnedDeviceMemoryLimit")
     default_per_device_pinned_memory_limit: dict[str, MemoryLimit] = Field(
         default_factory=dict, alias="defaultPerDevicePinnedMemoryLimit", max_length=32)
