@@ -16,10 +16,12 @@ import pytest
 from cluster.cgroups import CGROUP_FS, make_cgroup, remove_cgroup
 from cluster.leftovers import CGROUP_PREFIX, abandoned_nodes, remove_abandoned_nodes
 from cluster.mounts import mounts_below, unmount_below
+from tests.timing import scaled
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (CGROUP_FS / "memory").is_dir(),
                                 reason="needs root and the machine's cgroup v1 hierarchies")
-LATER = time.time() + 3600  # past the grace period a new node gets
+GRACE_PASSED = 3600.0  # seconds: a moment, not a wait; past the grace period a new node gets
+LATER = time.time() + GRACE_PASSED
 
 
 @pytest.fixture
@@ -52,7 +54,7 @@ def test_an_abandoned_node_is_removed_and_a_running_one_is_not(nodes: Path) -> N
         assert abandoned_nodes(nodes, now=LATER) == [gone]
 
         assert remove_abandoned_nodes(nodes, now=LATER) == [gone]
-        assert orphan.wait(timeout=10) != 0
+        assert orphan.wait(timeout=scaled(10)) != 0
         assert not gone.exists() and not mounts_below(gone)
         assert not (CGROUP_FS / "memory" / f"{CGROUP_PREFIX}{gone.name}").exists()
         assert running.exists() and mounts_below(running)
