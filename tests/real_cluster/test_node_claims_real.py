@@ -4,19 +4,27 @@ ContainerCreating with the agent's message in its events, and nothing on the nod
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.real_cluster.cluster_env import GPU, SRIOV, RealCluster, poll
+from tests.real_cluster.cluster_env import GPU, SRIOV, RealCluster, every_reconfiguration_allowed, poll
 from tests.real_cluster.node_env import agent_on_real_node, running_pod, sleeper
 from tests.real_cluster.objects import claim, exactly
 from tests.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-node")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reconfigurations_allowed(real_node: RealCluster) -> Iterator[None]:
+    """The VM's passthrough and the VF's interface asked for in the tests' own namespaces, as an operator allows
+    them by deploy/'s ConfigMap."""
+    with every_reconfiguration_allowed(real_node.kubectl):
+        yield
 
 API = "dra-agent.io/v1alpha1"
 VF = "vf.sriov.dra-agent.io"
@@ -84,9 +92,13 @@ async def test_a_refused_prepare_leaves_the_pod_creating_with_the_agents_message
         for word in ("Error", "Traceback", "Exception"):
             assert word not in messages[0].replace("Failed to prepare", ""), messages[0]
 
-        found = await real_node.get("pod", "nic", "-n", ns)
-        [waiting] = [s["state"]["waiting"] for s in found["status"]["containerStatuses"]]
-        assert waiting["reason"] == "ContainerCreating", json.dumps(found["status"])
+        def waiting() -> dict[str, Any] | None:
+            # The kubelet may record the event before it first writes the pod's container statuses.
+            found = real_node.kubectl.get("pod", "nic", "-n", ns) or {}
+            statuses = found.get("status", {}).get("containerStatuses")
+            return statuses and statuses[0]["state"].get("waiting")
+        state = await poll(waiting, timeout=scaled(30), what="the pod's container status")
+        assert state["reason"] == "ContainerCreating", state
         assert agent.on_node(uid, (GPU, SRIOV)) == []
         [result] = allocated["status"]["allocation"]["devices"]["results"]
         assert not status_entries(real_node, ns, "nic", SRIOV)

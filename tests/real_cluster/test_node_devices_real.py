@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.real_cluster.cluster_env import GPU, SRIOV, RealCluster
+from tests.real_cluster.cluster_env import GPU, SRIOV, RealCluster, every_reconfiguration_allowed
 from tests.real_cluster.node_env import agent_on_real_node, reported, reporter
 from tests.real_cluster.objects import claim, exactly
 
 pytestmark = pytest.mark.xdist_group("real-node")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reconfigurations_allowed(real_node: RealCluster) -> Iterator[None]:
+    """The VM's passthrough and the VF's interface asked for in the tests' own namespaces, as an operator allows
+    them by deploy/'s ConfigMap."""
+    with every_reconfiguration_allowed(real_node.kubectl):
+        yield
 
 API = "dra-agent.io/v1alpha1"
 RDMA_VF = "rdma-vf.sriov.dra-agent.io"
