@@ -36,7 +36,7 @@ from simulator.kubelet_connection import Plugin
 from tests.agent_env import AgentProcess, free_port, settings_for
 from tests.timing import scaled
 
-__all__ = ["NODE", "AgentOnNode", "RealCluster", "agent_on_node", "every_reconfiguration_allowed",
+__all__ = ["NODE", "AgentOnNode", "RealCluster", "agent_on_node", "agent_ready", "every_reconfiguration_allowed",
            "reconfiguration_namespaces"]
 
 # The node's name, as upstream's local-up-cluster names its node: it resolves to loopback everywhere.
@@ -266,7 +266,7 @@ async def agent_on_node(cluster: RealCluster, root: Path, profile: str = "dgx-h1
         async with KubeletSimulator(settings.registry_dir) as kubelet:
             for driver in drivers:
                 await kubelet.wait_for_plugin(driver, timeout=scaled(30))
-            await poll(lambda: _ready(metrics), timeout=scaled(60), what="the agent ready (its slices published)")
+            await poll(lambda: agent_ready(metrics), timeout=scaled(60), what="the agent ready (its slices published)")
             yield AgentOnNode(cluster, settings, process, kubelet, metrics)
     except BaseException:
         print(process.output()[-4000:])
@@ -275,7 +275,7 @@ async def agent_on_node(cluster: RealCluster, root: Path, profile: str = "dgx-h1
         await process.stop()
 
 
-def _ready(metrics: str) -> bool:
+def agent_ready(metrics: str) -> bool:
     """The agent's /readyz answers 200: every driver's sockets are served and its slices are published."""
     try:
         with urllib.request.urlopen(f"http://{metrics}/readyz", timeout=scaled(2)) as response:

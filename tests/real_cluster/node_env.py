@@ -30,7 +30,7 @@ from cluster.kubectl import Kubectl
 from cluster.worker import WorkerNode
 from simulator.node.variants import with_char_devices
 from tests.agent_env import AgentProcess, free_port, settings_for
-from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, KubectlError, RealCluster, poll
+from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, KubectlError, RealCluster, agent_ready, poll
 from tests.real_cluster.objects import pod
 from tests.timing import scaled
 
@@ -145,21 +145,13 @@ async def agent_on_real_node(cluster: RealCluster, root: Path, profile: str = "d
                         if line.get("event") == "registered with the kubelet"}
             return accepted >= set(drivers)
         await poll(registered, timeout=scaled(60), what=f"the kubelet accepting {', '.join(drivers)}")
-        await poll(lambda: _ready(metrics), timeout=scaled(60), what="the agent ready (its slices published)")
+        await poll(lambda: agent_ready(metrics), timeout=scaled(60), what="the agent ready (its slices published)")
         yield agent
     except BaseException:
         print(process.output()[-4000:])
         raise
     finally:
         await process.stop()
-
-
-def _ready(metrics: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{metrics}/readyz", timeout=scaled(2)) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def node_image(cluster: RealCluster) -> str:
