@@ -22,8 +22,8 @@ from agent.node.plugins import find_plugins
 from backends.capabilities import HasConfigTypes
 from backends.config import OpaqueConfig
 
-__all__ = ["BINDING_NAME", "CONFIGS", "MESSAGE", "POLICY_NAME", "builtin_drivers", "parameters_of", "policy_objects",
-           "render"]
+__all__ = ["BINDING_NAME", "CONFIGS", "MESSAGE", "POLICY_NAME", "builtin_drivers", "claims_created", "parameters_of",
+           "policy_objects", "render"]
 
 POLICY_NAME = "dra-agent-opaque-parameters"
 BINDING_NAME = POLICY_NAME
@@ -49,6 +49,16 @@ CONFIGS = (
     " ? object.spec.spec.devices.config : [])"
     " : (has(object.spec.devices) && has(object.spec.devices.config) ? object.spec.devices.config : [])"
 )
+
+
+# What both of the agent's policies judge. CREATE only: the specs of claims and templates are immutable, and a claim
+# made before a policy must stay deletable (its finalizers are removed by updates).
+def claims_created() -> dict[str, Any]:
+    """A policy's matchConstraints: the creation of ResourceClaims and ResourceClaimTemplates (a new object each
+    time, so that the rendered YAML holds no aliases)."""
+    return {"resourceRules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                               "resources": ["resourceclaims", "resourceclaimtemplates"]}],
+            "matchPolicy": "Equivalent"}
 
 
 def builtin_drivers() -> dict[str, tuple[type[OpaqueConfig], ...]]:
@@ -130,12 +140,7 @@ def policy_objects(drivers: Mapping[str, Sequence[type[OpaqueConfig]]]) -> list[
         "metadata": {"name": POLICY_NAME},
         "spec": {
             "failurePolicy": "Fail",
-            # CREATE only: the specs of claims and templates are immutable, and a claim made before the policy
-            # must stay deletable (its finalizers are removed by updates).
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
-                "resources": ["resourceclaims", "resourceclaimtemplates"]}],
-                "matchPolicy": "Equivalent"},
+            "matchConstraints": claims_created(),
             "variables": variables,
             "validations": validations,
         },

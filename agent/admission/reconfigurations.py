@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.admission.policy import CONFIGS, parameters_of
+from agent.admission.policy import CONFIGS, claims_created, parameters_of
 from agent.admission.schema_cel import literal
 from backends.config import OpaqueConfig, Reconfiguration
 
@@ -89,11 +89,7 @@ def reconfiguration_objects(drivers: Mapping[str, Sequence[type[OpaqueConfig]]])
         "spec": {
             "failurePolicy": "Fail",
             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-            # CREATE only, as the other policy: specs cannot change, and claims made before must stay deletable.
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
-                "resources": ["resourceclaims", "resourceclaimtemplates"]}],
-                "matchPolicy": "Equivalent"},
+            "matchConstraints": claims_created(),
             "variables": variables,
             "validations": validations,
         },
