@@ -93,16 +93,20 @@ class AgentOnRealNode:
             checkpoint.close()
         return claims
 
-    def preparations(self, driver: str) -> dict[str, int]:
-        """How many times the driver's checkpoint recorded a claim's preparation beginning (its `started`
-        records), by claim: one for a claim prepared once, however often the kubelet asked."""
+    def histories(self, driver: str) -> dict[str, list[str]]:
+        """What the driver's checkpoint recorded of each claim, in order: `started` (a preparation began),
+        `completed`, `removed`. A claim prepared once reads `started, completed` however often the kubelet asked;
+        one whose preparation a crash cut short reads `started, removed, started, completed` (rolled back at start,
+        then prepared again)."""
         journal = self.settings.state_dir / driver / "checkpoint.journal"
-        counts: dict[str, int] = {}
+        histories: dict[str, list[str]] = {}
         for line in journal.read_text().splitlines() if journal.exists() else []:
             record = json.loads(line.partition(" ")[2])
-            if record.get("op") == "claim" and record["claim"]["state"] == "started":
-                counts[record["claim"]["uid"]] = counts.get(record["claim"]["uid"], 0) + 1
-        return counts
+            if record.get("op") == "claim":
+                histories.setdefault(record["claim"]["uid"], []).append(record["claim"]["state"])
+            elif record.get("op") == "removed":
+                histories.setdefault(record["uid"], []).append("removed")
+        return histories
 
     def on_node(self, uid: str, drivers: Sequence[str] = (GPU,)) -> list[str]:
         """What the node holds of claim `uid`: its CDI specs (by file name) and its checkpoint records (by
