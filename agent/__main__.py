@@ -2,6 +2,6 @@
 
 import sys
 
-from agent.cli import main
+from agent.commands.cli import main
 
 sys.exit(main())

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.machine import conditions
 
-RUN_PATH = ("agent.cli", "agent.commands", "agent.daemon", "backends.nvidia.gpu", "backends.nvidia.mig",
-            "backends.sriov", "backends.tpu")
+RUN_PATH = ("agent.commands.cli", "agent.commands.handlers", "agent.daemon", "backends.nvidia.gpu",
+            "backends.nvidia.mig", "backends.sriov.backend", "backends.tpu")
 """What `dra-agent run` imports on a node: the command, the daemon (all it serves with) and the backends."""
 _LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 

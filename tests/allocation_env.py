@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.cli import main
+from agent.commands.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 Obj = dict[str, Any]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.commands.cli import main
 from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.nvml import use_driver_root
 from simulator.node.node import SimulatedNode, simulated_node

@@ -15,8 +15,8 @@ from backends.config import CONFIG_API_VERSION, Reconfiguration
 from backends.contract import ClaimRef
 from backends.nvidia.config import GpuConfig
 from backends.nvidia.gpu import NvidiaGpuBackend
-from backends.sriov import SriovNicBackend
-from backends.vf_config import VfConfig
+from backends.sriov.backend import SriovNicBackend
+from backends.sriov.vf_config import VfConfig
 from backends.vfio import VfioConfig
 from simulator.kubelet import KubeletSimulator
 from tests.agent_env import ALL_RECONFIGURATIONS, agent_in_process, allocate

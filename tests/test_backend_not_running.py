@@ -11,7 +11,7 @@ import pytest
 
 from agent.daemon import Agent
 from backends.contract import BackendError
-from backends.sriov import SriovNicBackend
+from backends.sriov.backend import SriovNicBackend
 from tests.agent_env import agent_in_process
 from tests.timing import scaled
 

@@ -27,7 +27,7 @@ from agent.claims.status import (
 )
 from agent.claims.status_rules import DATA_MAX_BYTES, json_size
 from agent.claims.status_writer import Backoff, ClaimStatusWriter
-from agent.cli import build_parser
+from agent.commands.cli import build_parser
 from agent.kube.client import KubeError
 from agent.metrics import Metrics
 from agent.settings import SettingsError, load_settings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.commands.cli import main
 from agent.node.simulated import PROFILES
 from simulator.node.profile import builtin_profiles
 from tests.timing import scaled

@@ -26,7 +26,7 @@ import yaml
 
 from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.claims.status_writer import ClaimStatusWriter
-from agent.cli import build_parser, main
+from agent.commands.cli import build_parser, main
 from agent.events.recorder import EventRecorder, Pacing
 from agent.kube.client import KubeClient
 from agent.kube.quantity import parse_quantity

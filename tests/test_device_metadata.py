@@ -25,7 +25,7 @@ from agent.claims.metadata import (
 from agent.claims.metadata_files import MetadataFiles
 from agent.claims.read import ClaimAllocation, DeviceAllocation, read_allocation
 from agent.claims.records import ClaimRecord, DeviceRecord
-from agent.cli import build_parser
+from agent.commands.cli import build_parser
 from agent.settings import SettingsError, load_settings
 from backends.attributes import Version
 from backends.contract import ClaimRef, NetworkData

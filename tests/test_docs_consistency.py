@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import build_parser
+from agent.commands.cli import build_parser
 from agent.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

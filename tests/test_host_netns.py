@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from agent.cli import build_parser
+from agent.commands.cli import build_parser
 from agent.daemon import Agent, open_kernel_events
 from agent.kube.client import KubeClient
 from agent.node.host import Host, open_host
 from agent.node.host_netns import HOST_NETNS_FILE, NetnsError, in_netns, resolve_host_netns, sysfs_netdevs_problem
 from agent.settings import Settings, SettingsError, load_settings
-from backends.sriov import SriovNicBackend
+from backends.sriov.backend import SriovNicBackend
 from simulator.apiserver.server import TestApiServer
 from tests.agent_env import NODE, settings_for
 from tests.netns_env import EVENT_TIMEOUT, QUIET, Namespaces, ip, made_namespaces, netns_inode

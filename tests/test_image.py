@@ -113,7 +113,7 @@ def test_the_wheel_from_the_listed_sources_holds_the_product_alone(tmp_path: Pat
     assert any(name.startswith("agent/kubelet/_proto/") for name in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "dra-agent = agent.cli:main" in text
+    assert "dra-agent = agent.commands.cli:main" in text
     for backend in PROJECT["project"]["entry-points"]["dra_agent.backends"].values():
         assert backend in text
 

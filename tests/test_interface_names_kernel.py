@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from backends.contract import Allocated
-from backends.vf_config import VfConfig, interface_name_problem
-from backends.vf_netdev import net_device_requests
+from backends.sriov.vf_config import VfConfig, interface_name_problem
+from backends.sriov.vf_netdev import net_device_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 

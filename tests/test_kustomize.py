@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.cli import build_parser
+from agent.commands.cli import build_parser
 from agent.node.plugin_settings import plugin_settings_problems
 from agent.settings import Settings, load_settings, resolve_settings
 from tests.timing import scaled

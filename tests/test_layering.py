@@ -24,8 +24,8 @@ KIT = "simulator/conformance/"
 # The one module of the product that may reach the simulator, and only inside the functions a command calls.
 SEAM = "agent/node/simulated.py"
 
-# The parts of `agent`, and the parts each may import. The top-level modules (daemon, driver, cli, commands)
-# wire the parts together; logs, metrics and settings are below every part.
+# The parts of `agent`, and the parts each may import. The daemon and the driver (top-level modules) and the
+# command layer (`agent/commands/`) wire the parts together; logs, metrics and settings are below every part.
 AGENT_PARTS: dict[str, set[str]] = {
     "kube": set(),
     "node": {"kube"},
@@ -114,8 +114,46 @@ def test_the_parts_of_the_agent_import_only_downwards() -> None:
     assert not broken, "\n".join(sorted(broken))
 
 
-def test_nothing_imports_the_command_line() -> None:
-    assert importers("agent.cli") <= {"agent/__main__.py"}
+# The command layer's static checks of a backend, which the conformance kit shares: pure, so they may reach only
+# the API's formats, the slice rules, the plugin surface and the CDI rules.
+BACKEND_RULES = "agent/commands/backend_rules.py"
+BACKEND_RULES_MAY_IMPORT = ("agent.kube", "agent.slices", PLUGIN_SURFACE, "cdi")
+
+
+def test_nothing_imports_the_command_layer() -> None:
+    """The daemon's parts never import the commands; `python -m agent` reaches the command line; the conformance
+    kit shares the backend checks and nothing else of the command layer."""
+    found = imports()
+    outside = {f for f, names in found.items()
+               if _names(names, "agent.commands.handlers") and not f.startswith("agent/commands/")}
+    kit_uses = {f for f in outside if f.startswith(KIT)}
+    assert outside - kit_uses <= {"agent/__main__.py"}, sorted(outside - kit_uses)
+    wrong = sorted(f"{f} imports {n}" for f in kit_uses for n in found[f]
+                   if _names({n}, "agent.commands.handlers") and not _names({n}, "agent.commands.backend_rules"))
+    assert not wrong, "the conformance kit takes only the backend checks from the command layer:\n" + "\n".join(wrong)
+    assert importers("agent.commands.cli") <= {"agent/__main__.py"}
+
+
+def test_the_backend_checks_are_pure() -> None:
+    names = imports()[BACKEND_RULES]
+    project = {n for n in names if n.split(".")[0] in PACKAGES}
+    wrong = {n for n in project if not any(_names({n}, allowed) for allowed in BACKEND_RULES_MAY_IMPORT)}
+    assert not wrong, f"{BACKEND_RULES} may import only {BACKEND_RULES_MAY_IMPORT}: {_outermost(wrong)}"
+
+
+def test_a_backend_package_never_imports_another_backend() -> None:
+    """The GPU and the SR-IOV backends share only the modules at the top of `backends/` (vfio, the host network
+    namespace, sysfs, the contract); each backend package is its own."""
+    packages = sorted(p.name for p in (ROOT / "backends").iterdir() if (p / "__init__.py").exists())
+    broken = []
+    for file, names in imports().items():
+        parts = file.split("/")
+        if parts[0] != "backends":
+            continue
+        home = parts[1] if len(parts) > 2 else None
+        broken += [f"{file} imports {n}" for n in _outermost(names) for other in packages
+                   if other != home and _names({n}, f"backends.{other}")]
+    assert not broken, "\n".join(sorted(broken))
 
 
 def test_only_the_nvml_modules_import_pynvml() -> None:

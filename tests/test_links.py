@@ -27,7 +27,7 @@ from agent.node.link_monitor import (
     open_link_monitor,
 )
 from backends.contract import BackendContext, Health, HealthEvent
-from backends.sriov import SriovNicBackend
+from backends.sriov.backend import SriovNicBackend
 from backends.topology import TopologyReader, device_name
 from simulator.node.node import SimulatedNode
 from tests.timing import scaled

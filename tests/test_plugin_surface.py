@@ -11,7 +11,7 @@ import backends.plugin as plugin
 from backends.capabilities import records_own_changes
 from backends.nvidia.gpu import NvidiaGpuBackend
 from backends.nvidia.mig import NvidiaMigBackend
-from backends.sriov import SriovNicBackend
+from backends.sriov.backend import SriovNicBackend
 from backends.tpu import TpuBackend
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs/plugin-guide.md"

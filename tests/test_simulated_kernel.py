@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from backends.sriov import SriovNicBackend
+from backends.sriov.backend import SriovNicBackend
 from backends.topology import device_name
 from simulator.node.layout import PciFunction, plan_vf, vf_netdev
 from simulator.node.node import SimulatedNode

@@ -11,7 +11,7 @@ import pytest
 from agent.settings import Settings
 from backends.config import parse_config
 from backends.contract import ConfigError
-from backends.sriov import SriovBackendConfig
+from backends.sriov.backend import SriovBackendConfig
 from simulator.kubelet import KubeletSimulator
 from tests.agent_env import agent_in_process, allocate, wait_until
 from tests.timing import scaled

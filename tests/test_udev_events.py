@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from agent.node.host import open_host
 from agent.node.udev import open_udev_monitor
-from backends.sriov import SriovNicBackend
+from backends.sriov.backend import SriovNicBackend
 from backends.topology import device_name
 from backends.tpu import TpuBackend
 from simulator.node.node import SimulatedNode

@@ -14,8 +14,8 @@ from agent.claims.opaque import effective_config
 from agent.claims.read import ClaimError, OpaqueEntry
 from backends.contract import Allocated, PrepareError
 from backends.host_net import interface_addresses, interface_routes
-from backends.vf_config import NetDeviceRequest, VfConfig, interface_name_problem
-from backends.vf_netdev import duplicate_names, hand_over, net_device_requests, read_vf_interface
+from backends.sriov.vf_config import NetDeviceRequest, VfConfig, interface_name_problem
+from backends.sriov.vf_netdev import duplicate_names, hand_over, net_device_requests, read_vf_interface
 from backends.vfio import VfioConfig
 from cdi.names import validate_spec
 from cdi.spec import ContainerEdits, Device, NetDevice, Spec

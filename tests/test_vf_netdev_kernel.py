@@ -1,5 +1,5 @@
 """What the real kernel's sysfs shows of a device's network interface that lives in another network namespace, on
-which `backends.vf_netdev` tells "in the host's namespace", "in another one" and "none" apart.
+which `backends.sriov.vf_netdev` tells "in the host's namespace", "in another one" and "none" apart.
 
 The machine's own interfaces with a parent device (a NIC's, e.g. virtio-net's `eth0`) cannot be moved away for a
 test without cutting the machine off; the same view is had the other way round: a sysfs mounted from a fresh
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.vf_netdev import read_vf_interface
+from backends.sriov.vf_netdev import read_vf_interface
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _CHILD = """
 import json, os, subprocess, sys
 from pathlib import Path
-from backends.vf_netdev import read_vf_interface
+from backends.sriov.vf_netdev import read_vf_interface
 folder, parent = sys.argv[1:3]
 subprocess.run(["mount", "-t", "sysfs", "sysfs", folder], check=True)
 seen = Path(folder, parent)

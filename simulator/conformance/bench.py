@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.backend_rules import inventory_problems, typed
 from agent.claims.records import DeviceRecord
+from agent.commands.backend_rules import inventory_problems, typed
 from agent.logs import get_logger
 from backends.plugin import (
     Allocated,

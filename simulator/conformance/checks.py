@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from agent.backend_rules import health_problems, inventory_problems, name_changes, prepared_problems
+from agent.commands.backend_rules import health_problems, inventory_problems, name_changes, prepared_problems
 from backends.plugin import (
     ClaimRef,
     ContainerEdits,

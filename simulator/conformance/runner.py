@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.backend_rules import config_problems
+from agent.commands.backend_rules import config_problems
 from backends.plugin import ConfigError, HasConfigTypes, OpaqueConfig
 from simulator.conformance import agent_run, checks
 from simulator.conformance.bench import Bench, CheckFailed, backend_context

@@ -26,7 +26,7 @@ from typing import Any
 from agent.claims.results import ClaimResult
 from backends.contract import ClaimRef
 from backends.nvidia.config import GpuConfig
-from backends.vf_config import VfConfig
+from backends.sriov.vf_config import VfConfig
 from backends.vfio import VfioConfig
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator

@@ -1,4 +1,4 @@
-"""`dra-agent backends --check`: the static checks of the conformance kit (agent/backend_rules.py) on the
+"""`dra-agent backends --check`: the static checks of the conformance kit (agent/commands/backend_rules.py) on the
 installed backends, on this host or a simulated node: the entry point loads and the object meets the contract,
 typed and documented settings and claim parameters, start with the configured settings, discover's devices pass
 the API server's rules, and two discoveries agree. Exit status 0 when every enabled backend passes, 1 when one
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from agent.backend_rules import config_problems, inventory_problems, name_changes
+from agent.commands.backend_rules import config_problems, inventory_problems, name_changes
 from agent.node.host import HostError, open_host, resolve_node_name
 from agent.node.inventory import Survey, discover_all, stop_all, survey
 from agent.settings import Settings

@@ -36,8 +36,8 @@ from pathlib import Path
 from backends.attributes import AttributeValue
 from backends.contract import Allocated, NetworkData, PrepareError
 from backends.host_net import interface_addresses, interface_routes
+from backends.sriov.vf_config import IFNAMSIZ, NetDeviceRequest, VfConfig
 from backends.sysfs import SysfsError, list_dir, read_attr, read_link_name
-from backends.vf_config import IFNAMSIZ, NetDeviceRequest, VfConfig
 from backends.vfio_sysfs import VFIO_PCI
 from cdi.spec import NetDevice
 

@@ -43,7 +43,7 @@ async def _survey_node(settings: Settings, err: TextIO) -> _NodeSurvey | None:
 
 async def discover_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """Print the ResourceSlices the agent would publish for this node."""
-    from agent.output import render_slices  # the one-shot commands' output: not loaded for `run`
+    from agent.commands.output import render_slices  # the one-shot commands' output: not loaded for `run`
 
     node_survey = await _survey_node(settings, err)
     if node_survey is None:
@@ -75,7 +75,7 @@ async def discover_command(settings: Settings, output: str, out: TextIO, err: Te
 
 async def backends_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """List installed backends with version, driver name and whether each found hardware."""
-    from agent.output import BackendRow, render_backends
+    from agent.commands.output import BackendRow, render_backends
 
     node_survey = await _survey_node(settings, err)
     if node_survey is None:
@@ -119,7 +119,7 @@ async def backends_command(settings: Settings, output: str, out: TextIO, err: Te
 
 async def check_command(settings: Settings, output: str, out: TextIO, err: TextIO) -> int:
     """Check every enabled backend against the contract and print what each must fix (`backends --check`)."""
-    from agent.backend_check import check_backends  # the checks load the slice and CDI rules: only here
+    from agent.commands.backend_check import check_backends  # the checks load the slice and CDI rules: only here
 
     return await check_backends(settings, output, out, err)
 

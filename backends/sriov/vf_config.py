@@ -2,10 +2,10 @@
 
 Pure. `netDevice: {name: net1}` asks for the VF's interface (its netdev) to be moved into the pod's network
 namespace under that name; the agent writes it as a CDI `netDevices` edit and the container runtime moves it (see
-`backends.vf_netdev`). The name is one the kernel takes (`cdi.interface_names`: 1 to 15 bytes, not `.` or `..`, no
+`backends.sriov.vf_netdev`). The name is one the kernel takes (`cdi.interface_names`: 1 to 15 bytes, not `.` or `..`, no
 `/`, `:`, NUL or byte the kernel counts as whitespace) and is not `lo`, which every network namespace has. One `%d`
 stands for a number, as in the kernel's own templates (`net%d`): the agent picks it for each device of the claim
-as the kernel would in the pod (`backends.vf_netdev.numbered`), since the runtimes look the interface up by the
+as the kernel would in the pod (`backends.sriov.vf_netdev.numbered`), since the runtimes look the interface up by the
 name they moved it under.
 """
 

@@ -58,7 +58,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent.commands import backends_command, check_command, discover_command, run_command
+    from agent.commands.handlers import backends_command, check_command, discover_command, run_command
 
     parser = argparse.ArgumentParser(
         prog="dra-agent",

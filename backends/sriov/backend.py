@@ -8,7 +8,7 @@ Health, from udev and rtnetlink: a PF whose link is down makes all its VFs unhea
 after each discovery, when the PF's netdev has a uevent and when rtnetlink says its link went down or up);
 network functions added or removed change the device set.
 
-A claim's `VfConfig.netDevice` hands the VF's network interface to the pod (`backends.vf_netdev`); every prepared
+A claim's `VfConfig.netDevice` hands the VF's network interface to the pod (`backends.sriov.vf_netdev`); every prepared
 VF tells the workload its PCI address, PF, interface and MAC (`Prepared.facts`).
 """
 
@@ -39,11 +39,11 @@ from backends.contract import (
     PrepareError,
 )
 from backends.host_net import read_host_network
-from backends.sriov_numvfs import VfCountError, VfCountRule, apply_vf_count, physical_functions, wanted_counts
+from backends.sriov.numvfs import VfCountError, VfCountRule, apply_vf_count, physical_functions, wanted_counts
+from backends.sriov.vf_config import NetDeviceRequest, VfConfig
+from backends.sriov.vf_netdev import VfInterface, hand_over, net_device_requests, read_vf_interface
 from backends.sysfs import SysfsError, list_dir, list_pci_devices, read_attr, read_hex, read_int, read_link_name
 from backends.topology import device_name
-from backends.vf_config import NetDeviceRequest, VfConfig
-from backends.vf_netdev import VfInterface, hand_over, net_device_requests, read_vf_interface
 from backends.vfio import PassthroughBackend, VfioConfig, wants_passthrough
 from cdi.spec import ContainerEdits, DeviceNode
 
