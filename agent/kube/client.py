@@ -12,12 +12,8 @@ newer server sends that this client's models would drop.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
-import sys
-import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,55 +22,13 @@ from urllib.parse import urlsplit
 from urllib.request import getproxies_environment, proxy_bypass
 
 import aiohttp
+from kubernetes.aio import client, config
 
 from agent.kube.errors import InvalidRequestError, KubeconfigError, KubeError
 from agent.kube.paths import EVENTS, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, ApiPath, api_path, slice_selector
 from agent.kube.unreachable import why_unreachable
 
 __all__ = ["InvalidRequestError", "KubeClient", "KubeError", "KubeconfigError"]
-
-
-def _package_without_its_init(name: str) -> None:
-    """Make the package `name` importable without running its `__init__.py` yet: its submodules import as usual,
-    and the first use of any other name of the package runs the `__init__.py` then, so code that needs the whole
-    package (a test's `import kubernetes`) still gets it. Nothing is done when the package is already loaded."""
-    if name in sys.modules:
-        return
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return  # not an ordinary package: let the import system do as it always does
-    package = importlib.util.module_from_spec(spec)
-    loader = spec.loader
-    initializing = threading.Lock()
-
-    def __getattr__(attribute: str) -> Any:
-        if importlib.util.find_spec(f"{name}.{attribute}") is not None:
-            return importlib.import_module(f"{name}.{attribute}")  # which sets it on the package
-        with initializing:  # once, and no other thread reads the package half made
-            if package.__dict__.pop("__getattr__", None) is not None:
-                loader.exec_module(package)  # what an ordinary import would have run
-        try:
-            return package.__dict__[attribute]
-        except KeyError:
-            raise AttributeError(f"module {name!r} has no attribute {attribute!r}") from None
-
-    package.__getattr__ = __getattr__  # type: ignore[method-assign]
-    sys.modules[name] = package
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, package)
-
-
-# Only `kubernetes.aio.client` (ApiClient, Configuration) and `kubernetes.aio.config` are used, but importing them
-# the ordinary way runs `kubernetes/__init__.py`, which imports the whole synchronous client first (its config
-# loaders with urllib3 and requests-oauthlib, its dynamic client, which loads kubernetes_validate and jsonschema
-# where they are installed), and `kubernetes/aio/__init__.py`, which imports every asynchronous module: 300 modules
-# more, about 0.1 s of the agent's start-up on an idle machine and twice that under load. The two packages' own
-# `__init__.py` define nothing used here.
-_package_without_its_init("kubernetes")
-_package_without_its_init("kubernetes.aio")
-
-from kubernetes.aio import client, config  # noqa: E402  (after the packages above are set up)
 
 _IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _SLICES = api_path(RESOURCE_SLICES)
