@@ -1,7 +1,8 @@
 """The API server's rules for a ResourceClaim's `status.devices` (KEP-4817 `AllocatedDeviceStatus`).
 
 Objects are JSON-shaped, with the wire's camelCase keys. Every error is a string `"<json path>: <message>"` worded
-as the real server words it (`validateDeviceStatus`, `validateNetworkDeviceData`, metav1 `ValidateConditions` in
+as the real server words it (collected in `FieldErrors`, with the server's words for the name formats from
+agent/kube/names.py) (`validateDeviceStatus`, `validateNetworkDeviceData`, metav1 `ValidateConditions` in
 kube-apiserver's resource validation). The agent checks each entry it is about to write with
 :func:`device_status_errors`, so one bad fact leaves out that entry instead of failing the whole write; a whole
 claim's status is checked by :func:`claim_status_errors` (each entry, duplicates, and that every entry names a
@@ -18,7 +19,18 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from agent.kube.names import is_dns_label, is_dns_subdomain, is_label_key
+from agent.kube.field_errors import FieldErrors, shown_as_server
+from agent.kube.names import (
+    SERVER_CONDITION_REASON_MSG,
+    SERVER_DNS_LABEL_MSG,
+    SERVER_NAME_PART_MSG,
+    SERVER_SUBDOMAIN_MSG,
+    is_condition_reason,
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_key,
+    is_uid,
+)
 from agent.kube.times import TIME_LAYOUT, is_rfc3339
 
 __all__ = [
@@ -50,16 +62,6 @@ CONDITION_STATUSES = ("False", "True", "Unknown")
 DeviceKey = tuple[str, str, str, str | None]
 """What identifies an entry of `status.devices` (a list-map): driver, pool, device and shareID."""
 
-_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_REASON = re.compile(r"[A-Za-z](?:[A-Za-z0-9_,:]*[A-Za-z0-9_])?")
-_REASON_MSG = ("a condition reason must start with alphabetic character, optionally followed by a string of "
-               "alphanumeric characters or '_,:', and must end with an alphanumeric character or '_'")
-_LABEL_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-              "alphanumeric character")
-_DNS_LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
-                  "start and end with an alphanumeric character")
-_SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-                  "and must start and end with an alphanumeric character")
 _CIDR_MSG = "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)"
 # Characters Go's encoding/json writes escaped, and their size so: two bytes for the short escapes, six for \u00XX.
 _SHORT_ESCAPES = frozenset('"\\\b\f\n\r\t')
@@ -144,24 +146,25 @@ def unreadable_time(claim_status: Mapping[str, Any]) -> tuple[str, str] | None:
 def claim_status_errors(claim_status: Mapping[str, Any]) -> list[str]:
     """Every error of `status.devices` in a claim's status (the allocation in the same status)."""
     devices = claim_status.get("devices")
+    errors = FieldErrors()
     if devices is None:
-        return []
+        return errors
     if not isinstance(devices, list):
-        return [f"status.devices: Invalid value: {_json(devices)}: must be a list"]
+        errors.invalid("status.devices", devices, "must be a list")
+        return errors
     allocated = allocated_keys(claim_status)
-    errors: list[str] = []
     for i, entry in enumerate(devices):
         path = f"status.devices[{i}]"
         if not isinstance(entry, Mapping):
-            errors.append(f"{path}: Invalid value: {_json(entry)}: must be an object")
+            errors.invalid(path, entry, "must be an object")
             continue
-        errors += _entry_errors(entry, path, allocated)
+        _entry_errors(entry, path, allocated, errors)
     seen: set[DeviceKey] = set()
     for i, entry in enumerate(devices):
         if not isinstance(entry, Mapping):
             continue
         if (key := device_key(entry)) in seen:
-            errors.append(f"status.devices[{i}]: Duplicate value: {_json(_shown(key))}")
+            errors.duplicate(f"status.devices[{i}]", _shown(key))
         seen.add(key)
     return errors
 
@@ -169,145 +172,150 @@ def claim_status_errors(claim_status: Mapping[str, Any]) -> list[str]:
 def device_status_errors(entry: Mapping[str, Any], path: str = "status.devices[0]") -> list[str]:
     """The errors of one `status.devices` entry on its own (not whether its device is allocated), a condition
     time the server cannot read among them."""
-    errors = _entry_errors(entry, path, None)
+    errors = FieldErrors()
+    _entry_errors(entry, path, None, errors)
     conditions = entry.get("conditions")
     for i, condition in enumerate(conditions if isinstance(conditions, list) else ()):
         when = condition.get("lastTransitionTime") if isinstance(condition, Mapping) else None
         if when is not None and not is_rfc3339(when):
-            errors.append(f"{path}.conditions[{i}].lastTransitionTime: Invalid value: {_json(when)}: must be an "
-                          "RFC 3339 time such as 2026-01-02T15:04:05Z")
+            errors.invalid(f"{path}.conditions[{i}].lastTransitionTime", when,
+                           "must be an RFC 3339 time such as 2026-01-02T15:04:05Z")
     return errors
 
 
-def _entry_errors(entry: Mapping[str, Any], path: str, allocated: set[DeviceKey] | None) -> list[str]:
-    errors = _driver(entry.get("driver"), f"{path}.driver") + _pool(entry.get("pool"), f"{path}.pool")
+def _entry_errors(entry: Mapping[str, Any], path: str, allocated: set[DeviceKey] | None,
+                  errors: FieldErrors) -> None:
+    _driver(entry.get("driver"), f"{path}.driver", errors)
+    _pool(entry.get("pool"), f"{path}.pool", errors)
     device = entry.get("device")
     if not device:
-        errors.append(f"{path}.device: Required value")
+        errors.required(f"{path}.device")
     elif not is_dns_label(device):
-        errors.append(f"{path}.device: Invalid value: {_json(device)}: {_DNS_LABEL_MSG}")
+        errors.invalid(f"{path}.device", device, SERVER_DNS_LABEL_MSG)
     share = entry.get("shareID")
-    if share is not None and not (isinstance(share, str) and _UID.fullmatch(share)):
-        errors.append(f"{path}.shareID: Invalid value: {_json(share)}: must be a lowercase UUID in 8-4-4-4-12 "
-                      "hex format")
+    if share is not None and not is_uid(share):
+        errors.invalid(f"{path}.shareID", share, "must be a lowercase UUID in 8-4-4-4-12 hex format")
     if allocated is not None and (key := device_key(entry)) not in allocated:
-        errors.append(f"{path}: Invalid value: {_json(_shown(key))}: must be an allocated device in the claim")
-    errors += _conditions(entry.get("conditions"), f"{path}.conditions")
+        errors.invalid(path, _shown(key), "must be an allocated device in the claim")
+    _conditions(entry.get("conditions"), f"{path}.conditions", errors)
     if entry.get("data") is not None:
-        errors += _data(entry["data"], f"{path}.data")
+        _data(entry["data"], f"{path}.data", errors)
     network = entry.get("networkData")
     if network is not None:
-        errors += _network(network, f"{path}.networkData")
-    return errors
+        _network(network, f"{path}.networkData", errors)
 
 
-def _driver(driver: Any, path: str) -> list[str]:
+def _driver(driver: Any, path: str, errors: FieldErrors) -> None:
     if not driver:
-        return [f"{path}: Required value"]
+        errors.required(path)
+        return
     if not isinstance(driver, str):
-        return [f"{path}: Invalid value: {_json(driver)}: must be a string"]
-    errors = [f"{path}: Too long: may not be more than {MAX_DRIVER_NAME} bytes"] \
-        if len(driver.encode()) > MAX_DRIVER_NAME else []
+        errors.invalid(path, driver, "must be a string")
+        return
+    if len(driver.encode()) > MAX_DRIVER_NAME:
+        errors.too_long(path, MAX_DRIVER_NAME)
     # Checked lower-cased, as Go lower-cases (U+0130 to a plain 'i'): upper case is allowed.
     if not is_dns_subdomain(driver.replace("\u0130", "i").lower()):
-        errors.append(f"{path}: Invalid value: {_json(driver)}: {_SUBDOMAIN_MSG}")
-    return errors
-def _pool(pool: Any, path: str) -> list[str]:
+        errors.invalid(path, driver, SERVER_SUBDOMAIN_MSG)
+
+
+def _pool(pool: Any, path: str, errors: FieldErrors) -> None:
     if not pool:
-        return [f"{path}: Required value"]
+        errors.required(path)
+        return
     if not isinstance(pool, str):
-        return [f"{path}: Invalid value: {_json(pool)}: must be a string"]
-    errors = [f"{path}: Too long: may not be more than {MAX_POOL_NAME} bytes"] if len(pool) > MAX_POOL_NAME else []
-    return errors + [f"{path}: Invalid value: {_json(part)}: {_SUBDOMAIN_MSG}"
-                     for part in pool.split("/") if not is_dns_subdomain(part)]
+        errors.invalid(path, pool, "must be a string")
+        return
+    if len(pool) > MAX_POOL_NAME:
+        errors.too_long(path, MAX_POOL_NAME)
+    for part in pool.split("/"):
+        if not is_dns_subdomain(part):
+            errors.invalid(path, part, SERVER_SUBDOMAIN_MSG)
 
 
-def _conditions(conditions: Any, path: str) -> list[str]:
+def _conditions(conditions: Any, path: str, errors: FieldErrors) -> None:
     if conditions is None:
-        return []
+        return
     if not isinstance(conditions, list):
-        return [f"{path}: Invalid value: {_json(conditions)}: must be a list"]
-    errors = [f"{path}: Too many: {len(conditions)}: must have at most {MAX_CONDITIONS} items"] \
-        if len(conditions) > MAX_CONDITIONS else []
+        errors.invalid(path, conditions, "must be a list")
+        return
+    if len(conditions) > MAX_CONDITIONS:
+        errors.too_many(path, len(conditions), MAX_CONDITIONS)
     types: set[str] = set()
     for i, condition in enumerate(conditions):
         at = f"{path}[{i}]"
         if not isinstance(condition, Mapping):
-            errors.append(f"{at}: Invalid value: {_json(condition)}: must be an object")
+            errors.invalid(at, condition, "must be an object")
             continue
         kind = str(condition.get("type") or "")
         if kind in types:
-            errors.append(f"{at}: Duplicate value: {_json(kind)}")
+            errors.duplicate(at, kind)
         types.add(kind)
-        errors += _condition(condition, at)
-    return errors
+        _condition(condition, at, errors)
 
 
-def _condition(condition: Mapping[str, Any], at: str) -> list[str]:
-    errors: list[str] = []
+def _condition(condition: Mapping[str, Any], at: str, errors: FieldErrors) -> None:
     kind = condition.get("type")
     if not kind:
-        errors.append(f"{at}.type: Required value: is required")
+        errors.required(f"{at}.type", "is required")
     elif not is_label_key(kind):
-        errors.append(f"{at}.type: Invalid value: {_json(kind)}: {_LABEL_MSG}")
+        errors.invalid(f"{at}.type", kind, SERVER_NAME_PART_MSG)
     status = condition.get("status")
     if not status:
-        errors.append(f"{at}.status: Required value")
+        errors.required(f"{at}.status")
     elif status not in CONDITION_STATUSES:
-        supported = ", ".join(_json(s) for s in CONDITION_STATUSES)
-        errors.append(f"{at}.status: Unsupported value: {_json(status)}: supported values: {supported}")
+        errors.unsupported(f"{at}.status", status, CONDITION_STATUSES)
     generation = condition.get("observedGeneration")
     if isinstance(generation, int) and generation < 0:
-        errors.append(f"{at}.observedGeneration: Invalid value: {generation}: must be greater than or equal to zero")
+        errors.add(f"{at}.observedGeneration", f"Invalid value: {generation}: must be greater than or equal to zero")
     if condition.get("lastTransitionTime") is None:
-        errors.append(f"{at}.lastTransitionTime: Required value")
+        errors.required(f"{at}.lastTransitionTime")
     reason = condition.get("reason")
     if not reason:
-        errors.append(f"{at}.reason: Required value")
+        errors.required(f"{at}.reason")
     else:
-        if not isinstance(reason, str) or not _REASON.fullmatch(reason):
-            errors.append(f"{at}.reason: Invalid value: {_json(reason)}: {_REASON_MSG}")
+        if not is_condition_reason(reason):
+            errors.invalid(f"{at}.reason", reason, SERVER_CONDITION_REASON_MSG)
         if len(str(reason).encode()) > MAX_REASON:
-            errors.append(f"{at}.reason: Too long: may not be more than {MAX_REASON} bytes")
+            errors.too_long(f"{at}.reason", MAX_REASON)
     message = condition.get("message")
     if isinstance(message, str) and len(message.encode()) > MAX_MESSAGE:
-        errors.append(f"{at}.message: Too long: may not be more than {MAX_MESSAGE} bytes")
-    return errors
+        errors.too_long(f"{at}.message", MAX_MESSAGE)
 
 
-def _data(data: Any, path: str) -> list[str]:
+def _data(data: Any, path: str, errors: FieldErrors) -> None:
     if json_size(data) > DATA_MAX_BYTES:
-        return [f"{path}: Too long: may not be more than {DATA_MAX_BYTES} bytes"]
-    if not isinstance(data, Mapping):
-        return [f'{path}: Invalid value: "<value omitted>": must be valid JSON object']
-    return []
+        errors.too_long(path, DATA_MAX_BYTES)
+    elif not isinstance(data, Mapping):
+        errors.add(path, 'Invalid value: "<value omitted>": must be valid JSON object')
 
 
-def _network(network: Any, path: str) -> list[str]:
+def _network(network: Any, path: str, errors: FieldErrors) -> None:
     if not isinstance(network, Mapping):
-        return [f"{path}: Invalid value: {_json(network)}: must be an object"]
-    errors: list[str] = []
+        errors.invalid(path, network, "must be an object")
+        return
     for field, limit in (("interfaceName", MAX_INTERFACE_NAME), ("hardwareAddress", MAX_HARDWARE_ADDRESS)):
         value = network.get(field)
         if value is not None and not isinstance(value, str):
-            errors.append(f"{path}.{field}: Invalid value: {_json(value)}: must be a string")
+            errors.invalid(f"{path}.{field}", value, "must be a string")
         elif isinstance(value, str) and len(value.encode()) > limit:
-            errors.append(f"{path}.{field}: Too long: may not be more than {limit} bytes")
+            errors.too_long(f"{path}.{field}", limit)
     ips = network.get("ips")
     if ips is None:
-        return errors
+        return
     if not isinstance(ips, list):
-        return [*errors, f"{path}.ips: Invalid value: {_json(ips)}: must be a list"]
+        errors.invalid(f"{path}.ips", ips, "must be a list")
+        return
     if len(ips) > MAX_IPS:  # the server says so and checks none of them
-        return [*errors, f"{path}.ips: Too many: {len(ips)}: must have at most {MAX_IPS} items"]
+        errors.too_many(f"{path}.ips", len(ips), MAX_IPS)
+        return
+    for i, ip in enumerate(ips):
+        _interface_address(ip, f"{path}.ips[{i}]", errors)
     seen: set[str] = set()
     for i, ip in enumerate(ips):
-        errors += _interface_address(ip, f"{path}.ips[{i}]")
-    for i, ip in enumerate(ips):
         if str(ip) in seen:
-            errors.append(f"{path}.ips[{i}]: Duplicate value: {_json(ip)}")
+            errors.duplicate(f"{path}.ips[{i}]", ip)
         seen.add(str(ip))
-    return errors
 
 
 def canonical_interface_address(value: str) -> str | None:
@@ -328,16 +336,9 @@ def canonical_interface_address(value: str) -> str | None:
     return f"{ip.compressed}/{interface.network.prefixlen}"
 
 
-def _interface_address(value: Any, at: str) -> list[str]:
+def _interface_address(value: Any, at: str, errors: FieldErrors) -> None:
     canonical = canonical_interface_address(value) if isinstance(value, str) else None
     if canonical is None:
-        return [f"{at}: Invalid value: {_json(value)}: {_CIDR_MSG}"]
-    if canonical != value:
-        return [f"{at}: Invalid value: {_json(value)}: must be in canonical form ({_json(canonical)})"]
-    return []
-
-
-def _json(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= 200 else text[:197] + "..."
-
+        errors.invalid(at, value, _CIDR_MSG)
+    elif canonical != value:
+        errors.invalid(at, value, f"must be in canonical form ({shown_as_server(canonical)})")

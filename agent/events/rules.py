@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.kube.names import DNS_LABEL_MSG, SUBDOMAIN_MSG, is_dns_label, is_dns_subdomain, is_label_key
+from agent.kube.field_errors import FieldErrors
+from agent.kube.names import (
+    SERVER_DNS_LABEL_MSG,
+    SERVER_NAME_PART_MSG,
+    SERVER_SUBDOMAIN_MSG,
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_key,
+)
 from agent.kube.times import MICRO_TIME_LAYOUT, TIME_LAYOUT, instant, is_micro_time, is_rfc3339
 
 __all__ = [
@@ -142,33 +150,34 @@ def unreadable_time(event: Mapping[str, Any]) -> tuple[str, str] | None:
 def validate_event(event: Mapping[str, Any]) -> list[str]:
     """The server's errors for an Event created through events.k8s.io/v1, as `"<field>: <message>"` (one it can
     read: see :func:`unreadable_time`)."""
-    errors = _legacy_errors(event)
+    errors = FieldErrors()
+    _legacy_errors(event, errors)
     meta = event.get("metadata") or {}
     namespace = meta.get("namespace") or ""
     if not namespace:
-        errors.append("metadata.namespace: Required value")
+        errors.required("metadata.namespace")
     elif not is_dns_label(namespace):
-        errors.append(f"metadata.namespace: Invalid value: {json.dumps(namespace)}: {DNS_LABEL_MSG}")
+        errors.invalid("metadata.namespace", namespace, SERVER_DNS_LABEL_MSG)
     prefix = meta.get("generateName")
     if prefix and not is_dns_subdomain(_mask_trailing_dash(str(prefix))):
-        errors.append(f"metadata.generateName: Invalid value: {json.dumps(prefix)}: {SUBDOMAIN_MSG}")
+        errors.invalid("metadata.generateName", prefix, SERVER_SUBDOMAIN_MSG)
     name = meta.get("name")
     if not name:
-        errors.append("metadata.name: Required value: name or generateName is required")
+        errors.required("metadata.name", "name or generateName is required")
     elif not is_dns_subdomain(name):
-        errors.append(f"metadata.name: Invalid value: {json.dumps(name)}: {SUBDOMAIN_MSG}")
-    errors += _series_errors(event)
+        errors.invalid("metadata.name", name, SERVER_SUBDOMAIN_MSG)
+    _series_errors(event, errors)
     if event.get("eventTime") is None:
-        errors.append("eventTime: Required value")
+        errors.required("eventTime")
     if event.get("type") not in (NORMAL, WARNING):
-        errors.append(f'type: Invalid value: "": has invalid value: {event.get("type") or ""}')
+        errors.invalid_unshown("type", f"has invalid value: {event.get('type') or ''}")
     for field, core in (("deprecatedFirstTimestamp", "firstTimestamp"), ("deprecatedLastTimestamp", "lastTimestamp"),
                         ("deprecatedCount", "count")):
         if event.get(field):
-            errors.append(f'{core}: Invalid value: "": needs to be unset')
+            errors.invalid_unshown(core, "needs to be unset")
     source = event.get("deprecatedSource") or {}
     if isinstance(source, Mapping) and (source.get("component") or source.get("host")):
-        errors.append('source: Invalid value: "": needs to be unset')
+        errors.invalid_unshown("source", "needs to be unset")
     return errors
 
 
@@ -176,9 +185,10 @@ def validate_event_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> lis
     """The server's errors for an update (or patch) of an Event through events.k8s.io/v1. Fields compare as the
     server compares them once decoded: a field set to its zero value ("", 0, an empty object) equals one left
     out, and two times naming the same moment are equal."""
-    errors = _legacy_errors(new)
+    errors = FieldErrors()
+    _legacy_errors(new, errors)
     if _series(new) != _series(old):
-        errors += _series_errors(new)
+        _series_errors(new, errors)
     for field, core in _IMMUTABLE:
         if field == "eventTime":
             changed = instant(new.get(field), micro=True) != instant(old.get(field), micro=True)
@@ -187,7 +197,7 @@ def validate_event_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> lis
         else:
             changed = _zero_free(new.get(field)) != _zero_free(old.get(field))
         if changed:
-            errors.append(f"{core}: Invalid value: {json.dumps(new.get(field))}: field is immutable")
+            errors.invalid(core, new.get(field), "field is immutable")
     return errors
 
 
@@ -214,54 +224,48 @@ def _series(event: Mapping[str, Any]) -> tuple[Any, int | None] | None:
     return series.get("count"), instant(series.get("lastObservedTime"), micro=True)
 
 
-def _series_errors(event: Mapping[str, Any]) -> list[str]:
+def _series_errors(event: Mapping[str, Any], errors: FieldErrors) -> None:
     series = event.get("series")
     if series is None:
-        return []
+        return
     if not isinstance(series, Mapping):
-        return ["series: Invalid value: must be an object"]
-    errors = []
+        errors.add("series", "Invalid value: must be an object")
+        return
     count = series.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 2:
-        errors.append('series.count: Invalid value: "": should be at least 2')
+        errors.invalid_unshown("series.count", "should be at least 2")
     if series.get("lastObservedTime") is None:
-        errors.append("series.lastObservedTime: Required value")
-    return errors
+        errors.required("series.lastObservedTime")
 
 
-def _legacy_errors(event: Mapping[str, Any]) -> list[str]:
+def _legacy_errors(event: Mapping[str, Any], errors: FieldErrors) -> None:
     """The checks every Event passes whichever API wrote it: those of an Event with an `eventTime` (the agent's),
     or the older ones of an Event without."""
-    errors = []
     namespace = (event.get("metadata") or {}).get("namespace") or ""
     regarding = event.get("regarding") or {}
     regarding_namespace = (regarding.get("namespace") if isinstance(regarding, Mapping) else None) or ""
     if event.get("eventTime") is not None:
         if not regarding_namespace and namespace not in _CLUSTER_EVENT_NAMESPACES:
-            errors.append('involvedObject.namespace: Invalid value: "": does not match event.namespace')
+            errors.invalid_unshown("involvedObject.namespace", "does not match event.namespace")
         controller = event.get("reportingController") or ""
         if not controller:
-            errors.append("reportingController: Required value")
-            errors.append('reportingController: Invalid value: "": name part must be non-empty')
+            errors.required("reportingController")
+            errors.invalid_unshown("reportingController", "name part must be non-empty")
         elif not is_label_key(controller):
-            errors.append(f"reportingController: Invalid value: {json.dumps(controller)}: must be a qualified "
-                          "name: [DNS subdomain '/'] name of 1-63 letters, digits, '-', '_', '.'")
-        errors += _length_errors(event, "reportingInstance", "reportingInstance", REPORTING_INSTANCE_LIMIT)
-        errors += _length_errors(event, "action", "action", ACTION_LIMIT)
-        errors += _length_errors(event, "reason", "reason", REASON_LIMIT)
+            errors.invalid("reportingController", controller, SERVER_NAME_PART_MSG)
+        _length_errors(event, "reportingInstance", REPORTING_INSTANCE_LIMIT, errors)
+        _length_errors(event, "action", ACTION_LIMIT, errors)
+        _length_errors(event, "reason", REASON_LIMIT, errors)
         if len(str(event.get("note") or "").encode()) > NOTE_LIMIT:
-            errors.append(f'message: Invalid value: "": can have at most {NOTE_LIMIT} characters')
+            errors.invalid_unshown("message", f"can have at most {NOTE_LIMIT} characters")
     # An older Event's namespace is its object's, or default for a cluster-scoped object (or none).
     elif namespace != regarding_namespace and (regarding_namespace or namespace != "default"):
-        errors.append(f"involvedObject.namespace: Invalid value: {json.dumps(regarding_namespace)}: does not "
-                      "match event.namespace")
-    return errors
+        errors.invalid("involvedObject.namespace", regarding_namespace, "does not match event.namespace")
 
 
-def _length_errors(event: Mapping[str, Any], field: str, core: str, limit: int) -> list[str]:
+def _length_errors(event: Mapping[str, Any], field: str, limit: int, errors: FieldErrors) -> None:
     value = str(event.get(field) or "")
     if not value:
-        return [f"{core}: Required value"]
-    if len(value.encode()) > limit:
-        return [f'{core}: Invalid value: "": can have at most {limit} characters']
-    return []
+        errors.required(field)
+    elif len(value.encode()) > limit:
+        errors.invalid_unshown(field, f"can have at most {limit} characters")

@@ -1,8 +1,12 @@
-"""Name and value formats of the Kubernetes API that ResourceSlices use: DNS labels and subdomains, label keys
-and values, driver names, qualified attribute names, semantic versions; and what a reference to a claim must be
-(a UID, a namespace and a name).
+"""Name and value formats of the Kubernetes API: DNS labels and subdomains, label keys and values, driver names,
+qualified attribute names, semantic versions, UIDs, a condition's reason; and what a reference to a claim must be
+(a UID, a namespace and a name). The one home of these formats in the agent: the slice, claim-status and Event
+rules, the request paths and the test API server all check names here.
 
-Predicates accept any object, so raw JSON values can be passed; the messages say what is allowed.
+Predicates accept any object, so raw JSON values can be passed. Each format has a message in the agent's words,
+saying what is allowed (`*_MSG`, for a plugin author or an operator), and, where a rule answers as the API server
+does, the server's own words (`SERVER_*_MSG`: apimachinery's messages without the regular expression and the
+examples the server appends to some).
 """
 
 from __future__ import annotations
@@ -23,9 +27,14 @@ __all__ = [
     "NODE_NAME_MSG",
     "QUALIFIED_MSG",
     "SEMVER_MSG",
+    "SERVER_CONDITION_REASON_MSG",
+    "SERVER_DNS_LABEL_MSG",
+    "SERVER_NAME_PART_MSG",
+    "SERVER_SUBDOMAIN_MSG",
     "SUBDOMAIN_MSG",
     "claim_reference_problem",
     "is_c_identifier",
+    "is_condition_reason",
     "is_dns_label",
     "is_dns_subdomain",
     "is_driver_name",
@@ -46,6 +55,7 @@ _DNS_SUBDOMAIN_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _C_IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LABEL_NAME_RE = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _UID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_CONDITION_REASON_RE = re.compile(r"[A-Za-z](?:[A-Za-z0-9_,:]*[A-Za-z0-9_])?")
 _SHOWN = 80  # characters of a refused reference's value a message shows
 
 DNS_LABEL_MSG = "must be a DNS label: 1-63 lower-case letters, digits or '-', alphanumeric at both ends"
@@ -58,6 +68,16 @@ QUALIFIED_MSG = (
 LABEL_KEY_MSG = "must be a label key: [DNS subdomain '/'] name of 1-63 letters, digits, '-', '_', '.'"
 LABEL_VALUE_MSG = "must be empty or 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends"
 SEMVER_MSG = "must be semver 2.0.0: three numeric parts, no 'v', e.g. 1.2.3 or 1.2.3-rc.1+build.5"
+
+SERVER_DNS_LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
+                        "must start and end with an alphanumeric character")
+SERVER_SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+                        "'.', and must start and end with an alphanumeric character")
+SERVER_NAME_PART_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+                        "with an alphanumeric character")
+SERVER_CONDITION_REASON_MSG = ("a condition reason must start with alphabetic character, optionally followed by a "
+                               "string of alphanumeric characters or '_,:', and must end with an alphanumeric "
+                               "character or '_'")
 
 
 def is_dns_label(s: object) -> bool:
@@ -127,6 +147,12 @@ def is_node_name(s: object) -> bool:
 def is_uid(s: object) -> bool:
     """An object's UID as the API server makes it: a UUID in lower-case hex."""
     return isinstance(s, str) and _UID_RE.fullmatch(s) is not None
+
+
+def is_condition_reason(s: object) -> bool:
+    """A condition's `reason` (metav1.Condition): a letter, then letters, digits, '_', ',' or ':', ending in a
+    letter, a digit or '_'."""
+    return isinstance(s, str) and _CONDITION_REASON_RE.fullmatch(s) is not None
 
 
 def claim_reference_problem(uid: str, namespace: str, name: str) -> str:

@@ -29,7 +29,17 @@ from agent.kube.names import (
     is_qualified_name,
     is_semver,
 )
-from agent.slices.rule_checks import Errors, as_list, as_map, as_quantity, is_int64, is_rfc3339, key_path, lookup, show
+from agent.slices.rule_checks import (
+    FieldErrors,
+    as_list,
+    as_map,
+    as_quantity,
+    is_int64,
+    is_rfc3339,
+    key_path,
+    lookup,
+    show,
+)
 
 __all__ = [
     "LIST_FIELDS",
@@ -71,7 +81,7 @@ LIST_FIELDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": 
 # --- node selection ----------------------------------------------------------------------------
 
 
-def _check_requirement(req: Any, path: str, errs: Errors, *, by_field: bool) -> None:
+def _check_requirement(req: Any, path: str, errs: FieldErrors, *, by_field: bool) -> None:
     req = as_map(req, path, errs)
     key, op = req.get("key"), req.get("operator")
     values = as_list(req.get("values"), f"{path}.values", errs)
@@ -94,7 +104,7 @@ def _check_requirement(req: Any, path: str, errs: Errors, *, by_field: bool) -> 
         errs.check(ok, f"{path}.values[{j}]", NODE_NAME_MSG if by_field else LABEL_VALUE_MSG, value)
 
 
-def _check_node_selector(selector: Any, path: str, errs: Errors, *, one_term: bool) -> None:
+def _check_node_selector(selector: Any, path: str, errs: FieldErrors, *, one_term: bool) -> None:
     """Core NodeSelector validation; S7 adds the one-term rule for the slice-level selector."""
     terms_path = f"{path}.nodeSelectorTerms"
     terms = as_list(as_map(selector, path, errs).get("nodeSelectorTerms"), terms_path, errs)
@@ -110,7 +120,7 @@ def _check_node_selector(selector: Any, path: str, errs: Errors, *, one_term: bo
                 _check_requirement(req, f"{kind_path}[{j}]", errs, by_field=kind == "matchFields")
 
 
-def check_node_selection(obj: Mapping[str, Any], path: str, errs: Errors, *, slice_level: bool) -> None:
+def check_node_selection(obj: Mapping[str, Any], path: str, errs: FieldErrors, *, slice_level: bool) -> None:
     """S5-S9 for a slice; D7 for a device of a slice with perDeviceNodeSelection."""
     chosen: list[str] = []
     name = obj.get("nodeName")
@@ -138,7 +148,7 @@ def check_node_selection(obj: Mapping[str, Any], path: str, errs: Errors, *, sli
 # --- devices -----------------------------------------------------------------------------------
 
 
-def _check_attribute_value(kind: str, value: Any, path: str, errs: Errors) -> None:
+def _check_attribute_value(kind: str, value: Any, path: str, errs: FieldErrors) -> None:
     if kind == "int":
         errs.check(is_int64(value), path, "must be a 64-bit integer", value)
     elif kind == "bool":
@@ -152,7 +162,7 @@ def _check_attribute_value(kind: str, value: Any, path: str, errs: Errors) -> No
             errs.add(path, f"must be at most {MAX_STRING_ATTRIBUTE_BYTES} bytes of UTF-8, got {size} bytes")
 
 
-def _check_attribute(attribute: Any, path: str, errs: Errors, full_path: str) -> None:
+def _check_attribute(attribute: Any, path: str, errs: FieldErrors, full_path: str) -> None:
     """V1-V4. List values (V5) are dropped by the server, so they count as no value and are not checked further.
 
     ``path`` has the key cut as the server cuts long keys; ``full_path`` has it whole. For a long key the server
@@ -184,14 +194,14 @@ def _int_value(q: Fraction) -> int:
     return int(math.copysign(math.ceil(abs(q)), q))
 
 
-def _quantity_or_zero(value: Any, path: str, errs: Errors) -> Fraction | None:
+def _quantity_or_zero(value: Any, path: str, errs: FieldErrors) -> Fraction | None:
     """A capacity's or counter's value, or an entry of validValues: absent or null, it is zero to the server (a
     quantity, not a pointer, in Go)."""
     return Fraction(0) if value is None else as_quantity(value, path, errs)
 
 
 def _check_valid_values(
-    raw: Sequence[Any], cap: Fraction, default: Fraction, path: str, errs: Errors
+    raw: Sequence[Any], cap: Fraction, default: Fraction, path: str, errs: FieldErrors
 ) -> None:
     """The checks and their order are the server's: order first, then the size limit (which skips the rest but
     the default's), then each value and repeats (amounts equal once rounded to integers repeat)."""
@@ -218,7 +228,7 @@ def _check_valid_values(
 
 
 def _check_valid_range(
-    rng: Mapping[str, Any], cap: Fraction, default: Fraction, path: str, errs: Errors
+    rng: Mapping[str, Any], cap: Fraction, default: Fraction, path: str, errs: FieldErrors
 ) -> None:
     low = as_quantity(rng.get("min"), f"{path}.min", errs)
     high = None if rng.get("max") is None else as_quantity(rng["max"], f"{path}.max", errs)
@@ -247,7 +257,7 @@ def _check_valid_range(
             errs.add(f"{path}.{field}", message)
 
 
-def _check_capacity(capacity: Any, path: str, multi: bool, errs: Errors) -> None:
+def _check_capacity(capacity: Any, path: str, multi: bool, errs: FieldErrors) -> None:
     """V6, D10, D11."""
     cap_map = as_map(capacity, path, errs)
     value = _quantity_or_zero(cap_map.get("value"), f"{path}.value", errs)
@@ -274,7 +284,7 @@ def _check_capacity(capacity: Any, path: str, multi: bool, errs: Errors) -> None
             _check_valid_range(as_map(valid_range, rng_path, errs), value, default, rng_path, errs)
 
 
-def check_counters(counters: Any, path: str, errs: Errors) -> None:
+def check_counters(counters: Any, path: str, errs: FieldErrors) -> None:
     """Counters of a counter set (C1) or of a consumesCounters entry (C2)."""
     counter_map = as_map(counters, path, errs)
     if not counter_map:
@@ -288,7 +298,7 @@ def check_counters(counters: Any, path: str, errs: Errors) -> None:
             _quantity_or_zero(as_map(counter, where, errs).get("value"), f"{where}.value", errs)
 
 
-def _check_taint(taint: Any, path: str, errs: Errors) -> None:
+def _check_taint(taint: Any, path: str, errs: FieldErrors) -> None:
     """T1-T4."""
     taint_map = as_map(taint, path, errs)
     key, value, effect = taint_map.get("key"), taint_map.get("value"), taint_map.get("effect")
@@ -303,7 +313,7 @@ def _check_taint(taint: Any, path: str, errs: Errors) -> None:
         errs.check(is_rfc3339(added), f"{path}.timeAdded", message, added)
 
 
-def _check_binding_conditions(device: Mapping[str, Any], path: str, errs: Errors) -> None:
+def _check_binding_conditions(device: Mapping[str, Any], path: str, errs: FieldErrors) -> None:
     """D9."""
     lists: dict[str, Sequence[Any]] = {}
     for field in ("bindingConditions", "bindingFailureConditions"):
@@ -324,7 +334,7 @@ def _check_binding_conditions(device: Mapping[str, Any], path: str, errs: Errors
         errs.add(f"{path}.{missing}", "bindingConditions and bindingFailureConditions must be set together")
 
 
-def _check_consumes_counters(entries: Sequence[Any], path: str, errs: Errors) -> None:
+def _check_consumes_counters(entries: Sequence[Any], path: str, errs: FieldErrors) -> None:
     """D6, C2."""
     if len(entries) > MAX_CONSUMES_COUNTERS:
         errs.add(path, f"must have at most {MAX_CONSUMES_COUNTERS} entries, got {len(entries)}")
@@ -344,7 +354,7 @@ def _is_key(key: Any) -> bool:
     return (isinstance(key, str) and key.count("/") > 1) or is_qualified_name(key)
 
 
-def check_device(device: Any, path: str, per_device_node_selection: bool, errs: Errors) -> None:
+def check_device(device: Any, path: str, per_device_node_selection: bool, errs: FieldErrors) -> None:
     dev = as_map(device, path, errs)
     name = dev.get("name")
     errs.check(is_dns_label(name), f"{path}.name", f"is required and {DNS_LABEL_MSG}", name)
@@ -380,7 +390,7 @@ def check_device(device: Any, path: str, per_device_node_selection: bool, errs: 
 def validate_device(
     device: Mapping[str, Any], *, per_device_node_selection: bool = False, path: str = "device"
 ) -> list[str]:
-    """Errors for one entry of ``spec.devices`` (D1-D11, V1-V6, C2, T1-T4 as above); paths start at ``path``."""
-    errs = Errors()
+    """FieldErrors for one entry of ``spec.devices`` (D1-D11, V1-V6, C2, T1-T4 as above); paths start at ``path``."""
+    errs = FieldErrors()
     check_device(device, path, per_device_node_selection, errs)
     return errs

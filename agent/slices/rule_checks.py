@@ -1,23 +1,24 @@
-"""Shared plumbing of the ResourceSlice rule modules: the error collector and tolerant field access.
+"""Shared plumbing of the ResourceSlice rule modules: tolerant field access.
 
 Objects are JSON-shaped mappings with camelCase keys, as on the wire. Every error is a string
-``"<field path>: <message>"``, the path written as the API server writes it (``spec.devices[0].attributes[model]``:
-list indices and map keys in brackets, keys unquoted). The helpers here build those paths, read fields without
-trusting their types, and report a field of the wrong type as an error instead of raising.
+``"<field path>: <message>"`` collected in agent/kube/field_errors.py's `FieldErrors`, the path written as the API
+server writes it (``spec.devices[0].attributes[model]``: list indices and map keys in brackets, keys unquoted). The
+helpers here build those paths, read fields without trusting their types, and report a field of the wrong type as an
+error instead of raising.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, TypeGuard
 
+from agent.kube.field_errors import FieldErrors, show
 from agent.kube.quantity import parse_quantity
 from agent.kube.times import is_rfc3339  # a taint's timeAdded is read as every other Time is
 
 __all__ = [
-    "Errors",
+    "FieldErrors",
     "as_list",
     "as_map",
     "as_quantity",
@@ -27,33 +28,6 @@ __all__ = [
     "lookup",
     "show",
 ]
-
-# --- helpers -----------------------------------------------------------------------------------
-
-
-class Errors(list[str]):
-    def add(self, path: str, message: str) -> None:
-        self.append(f"{path}: {message}")
-
-    def check(self, ok: bool, path: str, message: str, value: Any) -> None:
-        if not ok:
-            self.add(path, f"{message}, got {show(value)}")
-
-    def check_flag(self, obj: Mapping[str, Any], field: str, path: str) -> None:
-        """An optional boolean field: the server cannot read any other JSON type into it."""
-        if (value := obj.get(field)) is not None and not isinstance(value, bool):
-            self.add(f"{path}.{field}", f"must be true or false, got {show(value)}")
-
-    def check_key(self, ok: bool, path: str, key: Any, message: str) -> None:
-        """Like check, for a key of the map at ``path``: the server names the map, not the entry, for a bad key."""
-        if not ok:
-            self.add(path, f"key {show(key)} {message}")
-
-
-def show(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= 80 else text[:77] + "..."
-
 
 def key_path(path: str, key: Any, limit: int | None = None) -> str:
     """The path of the entry ``key`` of the map at ``path``. A key of more than ``limit`` bytes is cut in the middle
@@ -77,7 +51,7 @@ def is_int64(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
-def as_map(value: Any, path: str, errs: Errors) -> Mapping[str, Any]:
+def as_map(value: Any, path: str, errs: FieldErrors) -> Mapping[str, Any]:
     """``value`` if it is an object; absent counts as empty, any other type is an error."""
     if value is None or type(value) is dict or isinstance(value, Mapping):  # dict first: the abc check is slow
         return value or {}
@@ -85,14 +59,14 @@ def as_map(value: Any, path: str, errs: Errors) -> Mapping[str, Any]:
     return {}
 
 
-def as_list(value: Any, path: str, errs: Errors) -> Sequence[Any]:
+def as_list(value: Any, path: str, errs: FieldErrors) -> Sequence[Any]:
     if value is None or isinstance(value, list | tuple):
         return value or ()
     errs.add(path, f"must be a list, got {show(value)}")
     return ()
 
 
-def as_quantity(value: Any, path: str, errs: Errors) -> Fraction | None:
+def as_quantity(value: Any, path: str, errs: FieldErrors) -> Fraction | None:
     if value is None:
         errs.add(path, "is required (a quantity such as 8, 40Gi or 500m)")
         return None

@@ -30,7 +30,7 @@ from agent.kube.names import (
     is_label_value,
 )
 from agent.slices.device_rules import check_counters, check_device, check_node_selection
-from agent.slices.rule_checks import Errors, as_list, as_map, is_int64, key_path, lookup, show
+from agent.slices.rule_checks import FieldErrors, as_list, as_map, is_int64, key_path, lookup, show
 
 __all__ = [
     "API_VERSION",
@@ -55,7 +55,7 @@ MAX_POOL_NAME_LENGTH = 253
 # --- metadata ----------------------------------------------------------------------------------
 
 
-def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
+def _check_metadata(meta: Mapping[str, Any], errs: FieldErrors) -> None:
     """M1, M2. A namespace is no error: the server clears it, as for any cluster-scoped kind (once it could read it)."""
     name, prefix, namespace = meta.get("name"), meta.get("generateName"), meta.get("namespace")
     errs.check(namespace is None or isinstance(namespace, str), "metadata.namespace", "must be a string", namespace)
@@ -88,7 +88,7 @@ def _check_metadata(meta: Mapping[str, Any], errs: Errors) -> None:
         errs.add("metadata.ownerReferences", "at most one owner reference may set controller to true")
 
 
-def _check_owner(ref: Mapping[str, Any], path: str, errs: Errors) -> None:
+def _check_owner(ref: Mapping[str, Any], path: str, errs: FieldErrors) -> None:
     for field in ("apiVersion", "kind", "name", "uid"):
         value = ref.get(field)
         errs.check(isinstance(value, str) and value != "", f"{path}.{field}", "is required and must be a non-empty "
@@ -112,7 +112,7 @@ def _lowers_device_limit(device: Any) -> bool:
     return bool(lookup(device, "taints")) or bool(lookup(device, "consumesCounters"))
 
 
-def _check_pool_fields(pool: Mapping[str, Any], errs: Errors) -> None:
+def _check_pool_fields(pool: Mapping[str, Any], errs: FieldErrors) -> None:
     """S2-S4."""
     name, count, generation = pool.get("name"), pool.get("resourceSliceCount"), pool.get("generation")
     if not isinstance(name, str) or not name:
@@ -130,7 +130,7 @@ def _check_pool_fields(pool: Mapping[str, Any], errs: Errors) -> None:
 
 
 def _check_named_list(
-    items: Sequence[Any], path: str, limit: int, why: str, errs: Errors, check: Callable[[Any, str], None]
+    items: Sequence[Any], path: str, limit: int, why: str, errs: FieldErrors, check: Callable[[Any, str], None]
 ) -> None:
     """Size limit (checked first, as the server does), per-item checks and unique names (a repeated name is
     reported at the entry that repeats it, as the server does)."""
@@ -147,7 +147,7 @@ def _check_named_list(
             seen.add(name)
 
 
-def _check_counter_set(counter_set: Any, path: str, errs: Errors) -> None:
+def _check_counter_set(counter_set: Any, path: str, errs: FieldErrors) -> None:
     """C1."""
     name = lookup(as_map(counter_set, path, errs), "name")
     errs.check(is_dns_label(name), f"{path}.name", f"is required and {DNS_LABEL_MSG}", name)
@@ -155,10 +155,10 @@ def _check_counter_set(counter_set: Any, path: str, errs: Errors) -> None:
 
 
 def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
-    """Errors the API server would report when creating ``obj``; empty if it is valid."""
+    """FieldErrors the API server would report when creating ``obj``; empty if it is valid."""
     if not isinstance(obj, Mapping):
         return [f"<root>: must be a ResourceSlice object, got {show(obj)}"]
-    errs = Errors()
+    errs = FieldErrors()
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     errs.check(api_version == API_VERSION, "apiVersion", f"must be {API_VERSION}", api_version)
     errs.check(kind == KIND, "kind", f"must be {KIND}", kind)
@@ -186,8 +186,8 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
 
 
 def validate_resource_slice_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Errors for replacing ``old`` by ``new``: S14 immutability plus every check on ``new``."""
-    errs = Errors(validate_resource_slice(new))
+    """FieldErrors for replacing ``old`` by ``new``: S14 immutability plus every check on ``new``."""
+    errs = FieldErrors(validate_resource_slice(new))
     for path in ("metadata.name", "spec.driver", "spec.pool.name", "spec.nodeName"):
         before, after = lookup(old, *path.split(".")), lookup(new, *path.split("."))
         if before != after:
@@ -199,14 +199,14 @@ def validate_resource_slice_update(old: Mapping[str, Any], new: Mapping[str, Any
 
 
 def validate_pool(slices: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Errors that make the scheduler refuse a pool (2.9), given all slices of one pool.
+    """FieldErrors that make the scheduler refuse a pool (2.9), given all slices of one pool.
 
     Paths are ``slices[<index in the argument>]...``. As in the scheduler, only slices
     with the highest ``spec.pool.generation`` count.
     """
     if not slices:
         return ["slices: a pool needs at least one slice"]
-    errs = Errors()
+    errs = FieldErrors()
     for field in ("spec.driver", "spec.pool.name"):
         expected = lookup(slices[0], *field.split("."))
         for i, rs in enumerate(slices):
@@ -233,7 +233,7 @@ def validate_pool(slices: Sequence[Mapping[str, Any]]) -> list[str]:
     return errs
 
 
-def _check_pool_references(current: Sequence[tuple[int, Mapping[str, Any]]], errs: Errors) -> None:
+def _check_pool_references(current: Sequence[tuple[int, Mapping[str, Any]]], errs: FieldErrors) -> None:
     """Unique device and counter-set names across the pool; consumed counters must exist."""
     devices: dict[str, int] = {}
     counter_sets: dict[str, tuple[int, Mapping[str, Any]]] = {}

@@ -6,7 +6,6 @@ times that come before validation.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -14,7 +13,8 @@ from typing import Any, TypeVar, cast
 from agent.claims.status_rules import allocated_keys, device_key
 from agent.claims.status_rules import unreadable_time as unreadable_status_time
 from agent.events.rules import unreadable_time as unreadable_event_time
-from agent.kube.names import SUBDOMAIN_MSG, is_dns_subdomain
+from agent.kube.field_errors import FieldErrors
+from agent.kube.names import SERVER_SUBDOMAIN_MSG, is_dns_subdomain, is_uid
 from simulator.apiserver.resources import EVENTS_V1, RESOURCE_CLAIMS, ApiError, JsonObject, ResourceType
 
 __all__ = ["Key", "allocation_errors", "default_taint_times", "drop_deallocated_status_devices", "drop_disabled_fields",
@@ -183,13 +183,14 @@ def refuse_unreadable(rt: ResourceType, obj: Mapping[str, Any], write: str = "bo
 
 
 def name_errors(meta: Mapping[str, Any]) -> list[str]:
+    """The server's errors for an object's name, in its words."""
+    errors = FieldErrors()
     name = meta.get("name")
     if not name:
-        return ["metadata.name: name or generateName is required"]
-    return [] if is_dns_subdomain(name) else [f"metadata.name: {SUBDOMAIN_MSG}, got {json.dumps(name)}"]
-
-
-_SHARE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+        errors.required("metadata.name", "name or generateName is required")
+    elif not is_dns_subdomain(name):
+        errors.invalid("metadata.name", name, SERVER_SUBDOMAIN_MSG)
+    return errors
 
 
 def allocation_errors(claim: JsonObject) -> list[str]:
@@ -198,10 +199,10 @@ def allocation_errors(claim: JsonObject) -> list[str]:
     allocation = (claim.get("status") or {}).get("allocation") if isinstance(claim.get("status"), dict) else None
     devices = allocation.get("devices") if isinstance(allocation, dict) else None
     results = devices.get("results") if isinstance(devices, dict) else None
-    errors = []
+    errors = FieldErrors()
     for index, result in enumerate(results if isinstance(results, list) else ()):
         share = result.get("shareID") if isinstance(result, dict) else None
-        if share is not None and not (isinstance(share, str) and _SHARE_ID.fullmatch(share)):
-            errors.append(f"status.allocation.devices.results[{index}].shareID: Invalid value: "
-                          f"{json.dumps(share)}: must be a lowercase UUID in 8-4-4-4-12 format")
+        if share is not None and not is_uid(share):
+            errors.invalid(f"status.allocation.devices.results[{index}].shareID", share,
+                           "must be a lowercase UUID in 8-4-4-4-12 format")
     return errors
