@@ -14,6 +14,8 @@ import pytest
 from agent.kubelet.services import HealthStatus
 from backends.failpoints import MPS_POINTS, POINTS
 from simulator.kubelet_connection import KubeletError
+from simulator.node.hardware import SimulatedNode
+from simulator.node.profile import load_profile
 from tests.agent_env import NODE, allocate, lose_claims, plugin_after_restart, two_agents, wait_until
 from tests.mps_env import FIRST, GPU, ask, daemons_of, folder, mps_config, pid_of, scratch
 from tests.surge_env import surge
@@ -153,3 +155,34 @@ async def test_at_start_the_daemon_of_a_claim_no_longer_held_is_stopped(scratch:
         await wait_until(lambda: daemons_of(sim) == [] and not folder(state, ref.uid).exists()
                          and mode_on_node(sim) == DEFAULT, timeout=scaled(20))
         assert "stopping the MPS control daemon of a claim no longer prepared" in run.second.output()
+
+
+async def test_after_a_reboot_the_claim_gets_its_compute_mode_and_daemon_again(scratch: Path) -> None:
+    """The node reboots with an MPS claim prepared: the daemon is gone, the GPU's compute mode is Default again and
+    the CDI specs (a tmpfs) are gone. When the kubelet prepares the claim again, the GPU is put back in
+    EXCLUSIVE_PROCESS and a daemon serves with the claim's limits."""
+    async with two_agents(scratch, "dgx-h100", backends=("nvidia-gpu",)) as run:
+        sim, state = run.settings.sim_root, run.settings.state_dir
+        assert sim is not None
+        plugin = await run.kubelet.wait_for_plugin(GPU, timeout=scaled(30))
+        ref = allocate(run.server, "mps", [("gpu", GPU, FIRST[0])], mps_config(defaultActiveThreadPercentage=30))
+        await plugin.prepare_or_raise([ref])
+        pid = pid_of(state, ref.uid)
+        assert pid is not None and mode_on_node(sim) == EXCLUSIVE_PROCESS
+        # The reboot: every process ends, the driver starts with Default compute modes, tmpfs folders are empty.
+        await run.first.stop()
+        os.kill(pid, signal.SIGKILL)
+        await wait_until(lambda: daemons_of(sim) == [], timeout=scaled(10))
+        SimulatedNode.existing(load_profile("dgx-h100"), sim).reboot()
+        for spec in run.settings.cdi_dir.iterdir():
+            spec.unlink()
+        assert mode_on_node(sim) == DEFAULT
+        await run.second.start()
+        plugin = await plugin_after_restart(run.kubelet, plugin)
+        await plugin.prepare_or_raise([ref])
+        assert mode_on_node(sim) == EXCLUSIVE_PROCESS, "the compute mode the claim's daemon needs, set again"
+        again = pid_of(state, ref.uid)
+        assert again is not None and daemons_of(sim) == [again]
+        assert ask(sim, state, ref.uid, "get_default_active_thread_percentage") == ["30.0"]
+        assert await plugin.unprepare([ref]) == {ref.uid: ""}
+        assert daemons_of(sim) == [] and mode_on_node(sim) == DEFAULT

@@ -14,8 +14,8 @@ All of it happens under the cross-instance lock, after reading the checkpoint af
 4. Completed claims of this boot get their CDI specs back (the CDI directory is a tmpfs), their device metadata
    specs too; specs of claims prepared before a reboot are removed, and device metadata files of claims without
    a record.
-5. Backends that keep records of their own (`reconcile`) release what no claim holds: the checkpoint is complete
-   at this point, or step 1 would have stopped.
+5. Backends that keep records of their own (`reconcile`) release what no claim of this boot holds: the checkpoint
+   is complete at this point, or step 1 would have stopped.
 """
 
 from __future__ import annotations
@@ -147,8 +147,11 @@ def _backend_of(preparer: Preparer) -> Callable[[str], str]:
 
 async def _reconcile(preparer: Preparer) -> None:
     """Tell each backend that keeps records of what it made which claims still hold its devices, so that it
-    releases what no claim holds (made for a claim whose record is gone)."""
-    claims = preparer.checkpoint.claims.values()
+    releases what no claim holds (made for a claim whose record is gone). A claim prepared before the node
+    rebooted holds nothing: what was made for it (a compute mode, an MPS daemon, a MIG instance, a vfio-pci
+    binding) ended with the boot, and the kubelet's next prepare makes it afresh."""
+    boot = preparer.checkpoint.boot_id
+    claims = [c for c in preparer.checkpoint.claims.values() if c.boot_id == boot]
     for name, backend in preparer.backends.items():
         if not isinstance(backend, Reconciles):
             continue
