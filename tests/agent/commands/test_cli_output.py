@@ -57,7 +57,7 @@ def test_a_bug_is_reported_in_one_line_without_python_internals(run_cli: object,
     async def broken(*_: object) -> int:
         return {}["missing"]  # type: ignore[no-any-return]
 
-    monkeypatch.setattr("agent.commands.backends_command", broken)
+    monkeypatch.setattr("agent.commands.handlers.backends_command", broken)
     result: CliResult = run_cli("backends", "--simulate", "gke-g2-l4")  # type: ignore[operator]
     assert result.code == 1
     assert result.err.count("\n") == 1 and result.err.startswith("dra-agent: internal error"), result.err
