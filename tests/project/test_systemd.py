@@ -1,18 +1,15 @@
-"""The systemd unit is valid, and the agent speaks the notification protocol (see
-tests/end_to_end/test_run_process.py too)."""
+"""The systemd unit under systemd/: valid for systemd-analyze with the documented drop-in, hardened, and its
+environment file naming only settings the agent reads. (The notification protocol the unit's Type=notify relies
+on: tests/agent/test_notify.py and tests/end_to_end/test_run_process.py.)"""
 
 from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from agent.notify import Notifier
 from agent.settings import unknown_environment
 from tests.support.repository import ROOT
 
@@ -59,30 +56,3 @@ def test_unit_settings() -> None:
                  "ProtectSystem=strict", "After=network-online.target kubelet.service", "KillMode=process",
                  "RestrictNamespaces=mnt"):
         assert line in text.splitlines()
-
-
-def test_notifier_sends_datagrams(scratch: Path) -> None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
-        manager.bind(str(scratch / "notify"))
-        notifier = Notifier({"NOTIFY_SOCKET": str(scratch / "notify"), "WATCHDOG_USEC": "30000000"})
-        assert notifier.watchdog_interval == 15.0
-        notifier.ready("serving")
-        notifier.stopping()
-        assert manager.recv(100) == b"READY=1\nSTATUS=serving"
-        assert manager.recv(100) == b"STOPPING=1"
-
-
-def test_notifier_abstract_socket_and_absence() -> None:
-    name = f"dra-agent-test-{id(object())}"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
-        manager.bind("\0" + name)
-        Notifier({"NOTIFY_SOCKET": "@" + name}).send("STATUS=x")
-        assert manager.recv(100) == b"STATUS=x"
-    silent = Notifier({})
-    assert not silent.enabled and silent.watchdog_interval is None
-    silent.ready()  # nothing to talk to: no error
-
-
-@pytest.mark.parametrize("env", [{"WATCHDOG_USEC": "0"}, {"WATCHDOG_USEC": "5", "WATCHDOG_PID": "1"}])
-def test_watchdog_only_for_this_process(env: dict[str, str]) -> None:
-    assert Notifier(env).watchdog_interval is None
