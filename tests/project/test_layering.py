@@ -1,7 +1,8 @@
 """Import layering, read from the source: the product (agent → backends → cdi) never reaches the simulator; the
 parts of `agent` import each other only downwards; one module per outside library where the design says so; a
 backend plugin and the conformance kit see the backends through `backends.plugin` only; no module imports itself
-through a circle; no test module imports another.
+through a circle; no test module imports another, tests/support imports no test, and the tests' folders mirror the
+packages they check.
 
 The rules are the ones docs/architecture.md draws. Each test names the files that break a rule.
 """
@@ -9,7 +10,6 @@ The rules are the ones docs/architecture.md draws. Each test names the files tha
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 from tests.support.repository import ROOT
@@ -277,23 +277,81 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return circles
 
 
-def _test_modules_named(node: ast.AST) -> set[str]:
-    """The `tests.test_*` modules an import statement names, relative imports (`from .test_x import`) included."""
-    named: set[str] = set()
-    if isinstance(node, ast.Import):
-        named = {alias.name for alias in node.names}
-    elif isinstance(node, ast.ImportFrom):
-        base = ".".join(filter(None, ("tests" if node.level else "", node.module)))
-        named = {base} | {f"{base}.{alias.name}" for alias in node.names}
-    return {".".join(n.split(".")[:2]) for n in named if re.fullmatch(r"tests\.test_\w+(\..+)?", n)}
+TESTS = ROOT / "tests"
+TEST_SUPPORT = TESTS / "support"
+# The folders whose tests sit at the path of the package or module they check (tests/agent/node/ for agent/node/).
+MIRRORED = ("agent", "backends", "cdi", "simulator", "cluster")
+
+
+def _imported_by(path: Path) -> set[str]:
+    """Every module one file imports, relative imports resolved against the file's package, with each imported
+    name as a possible submodule."""
+    module = _module_name(str(path.relative_to(ROOT)))
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *filter(None, [node.module])])
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return names
+
+
+def _test_module(name: str) -> str | None:
+    """The test module (a tests/**/test_*.py file) a dotted name is or is inside, if any."""
+    parts = name.split(".")
+    for end in range(2, len(parts) + 1):
+        file = ROOT.joinpath(*parts[:end]).with_suffix(".py")
+        if parts[0] == "tests" and parts[end - 1].startswith("test_") and file.is_file():
+            return ".".join(parts[:end])
+    return None
+
+
+def _test_files() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def test_no_test_module_imports_another() -> None:
-    """What tests share lives in helper modules (tests/*_env.py and the like) or conftest fixtures: importing a
-    test module runs its module-level code and mixes its tests' fixtures into the importer's."""
+    """What tests share lives in tests/support or in conftest fixtures: importing a test module runs its
+    module-level code and mixes its tests' fixtures into the importer's. Every folder of the tests is read."""
     broken = []
-    for path in sorted((ROOT / "tests").rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
-        named = {name for node in ast.walk(tree) for name in _test_modules_named(node)}
+    for path in _test_files():
+        named = {m for m in map(_test_module, _imported_by(path)) if m}
         broken += [f"{path.relative_to(ROOT)} imports {name}" for name in sorted(named)]
-    assert not broken, "move what they share into a helper module:\n" + "\n".join(broken)
+    assert not broken, "move what they share into tests/support:\n" + "\n".join(broken)
+
+
+def test_the_tests_support_imports_only_itself_from_the_tests() -> None:
+    """tests/support is below every test: it imports no test module, no conftest and no other folder of tests/,
+    so a helper never drags a test's module-level code or fixtures into another test."""
+    broken = []
+    for path in sorted(TEST_SUPPORT.rglob("*.py")):
+        names = {n for n in _imported_by(path) if _names({n}, "tests")}
+        wrong = {n for n in names if not _names({n}, "tests.support") and n != "tests"}
+        broken += [f"{path.relative_to(ROOT)} imports {name}" for name in _outermost(wrong)]
+    assert not broken, "tests/support may import only tests/support:\n" + "\n".join(broken)
+
+
+def test_the_tests_mirror_packages_and_modules_that_exist() -> None:
+    """A test folder under tests/agent, tests/backends, tests/cdi, tests/simulator or tests/cluster names a package
+    (a folder with __init__.py) or a module of the project at the same path: a reader finds a module's tests from
+    its path, and the tests of a package that was removed or renamed do not linger under its old name."""
+    broken = []
+    for top in MIRRORED:
+        for folder in sorted(p for p in (TESTS / top).rglob("*") if p.is_dir() and p.name != "__pycache__"):
+            source = ROOT / folder.relative_to(TESTS)
+            if not (source / "__init__.py").is_file() and not source.with_suffix(".py").is_file():
+                broken.append(f"{folder.relative_to(ROOT)}: no package {source.relative_to(ROOT)}/ "
+                              f"and no module {source.relative_to(ROOT)}.py")
+    assert not broken, "move these tests beside what they check:\n" + "\n".join(broken)
+
+
+def test_every_folder_of_tests_is_a_package() -> None:
+    """Each folder that holds test modules, and each folder above it, has an __init__.py: the test modules' names
+    are then their paths (tests.agent.claims.test_checkpoint), so two folders may each have a test_checkpoint.py."""
+    folders = {parent for p in TESTS.rglob("test_*.py") for parent in p.relative_to(TESTS).parents}
+    missing = sorted(str(Path("tests", f)) for f in folders if not (TESTS / f / "__init__.py").is_file())
+    assert not missing, f"add an __init__.py to {missing}"
