@@ -36,7 +36,7 @@ from simulator.kubelet_connection import Plugin
 from simulator.nvml.control import request
 from simulator.udev.hotplug import UdevInjector
 from simulator.udev.preload import UdevPreloadError, environment
-from tests.agent_env import NODE, AgentProcess, memory_dir, settings_for, wait_until
+from tests.support.agent_env import NODE, AgentProcess, memory_dir, settings_for, wait_until
 
 GPU_DRIVER, NIC_DRIVER = "gpu.nvidia.com", "sriov.dra-agent.io"
 GPU_INDEX, GPU_DEVICE = 3, "gpu-0000-3e-00-0"

@@ -42,7 +42,7 @@ from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.node.node import simulated_node
 from simulator.node.profile import load_profile
-from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for
+from tests.support.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for
 
 GPU = "gpu.nvidia.com"
 NVML_CALLS = ("create_gpu_instance", "create_compute_instance", "destroy_mig", "find_gpu_instance",

@@ -45,7 +45,7 @@ from bench.machine import conditions
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
-from tests.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
+from tests.support.agent_env import NODE, AgentProcess, allocate, settings_for, wait_until
 
 GPU, NIC = "gpu.nvidia.com", "sriov.dra-agent.io"
 STATUS = "/apis/resource.k8s.io/v1/namespaces/*/resourceclaims/*/status"

@@ -30,7 +30,7 @@ from agent.slices.publisher import Publisher
 from backends.contract import Device
 from bench.discover import profile_with_vfs
 from simulator.apiserver.server import TestApiServer
-from tests.agent_env import NODE, AgentProcess, settings_for, wait_until
+from tests.support.agent_env import NODE, AgentProcess, settings_for, wait_until
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 SLICES_PUBLISHED = 1 + 512 // 64  # the GPU pool's one slice, the VFs' eight

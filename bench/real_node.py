@@ -45,10 +45,10 @@ from cluster.incluster import apply_deploy
 from cluster.kubectl import Kubectl
 from cluster.processes import get
 from cluster.worker import WorkerNode
-from tests.agent_env import memory_dir
 from tests.real_cluster.cluster_env import GPU, NODE, RealCluster, poll
 from tests.real_cluster.node_env import AgentOnRealNode, agent_on_real_node, running_pod, sleeper, start_agent_stand_in
 from tests.real_cluster.objects import exactly, template
+from tests.support.agent_env import memory_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARING = {"nvidia-gpu": {"sharing": {"byMemory": True}}}

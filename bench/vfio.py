@@ -40,7 +40,7 @@ from bench.machine import conditions
 from simulator.apiserver.server import TestApiServer
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
-from tests.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for, wait_until
+from tests.support.agent_env import NODE, AgentProcess, allocate, memory_dir, settings_for, wait_until
 
 GPU, SRIOV = "gpu.nvidia.com", "sriov.dra-agent.io"
 VFIO_CONFIG = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "VfioConfig"}

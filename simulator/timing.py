@@ -4,7 +4,7 @@ The simulator's stand-ins (the kubelet, the test API server, the simulated kerne
 conformance kit wait for real time only where the other side takes it (a plugin answering, an agent starting, a
 uevent arriving). Each such wait is written as `scaled(seconds)`: the time it takes on an idle machine with room
 to spare. On a slower or busier machine set DRA_AGENT_TEST_TIME_FACTOR (e.g. 3) and every wait stretches with it.
-The project's own test suite (tests/timing.py) and plugin authors' suites read the same factor through this
+The project's own test suite (tests/support/timing.py) and plugin authors' suites read the same factor through this
 module.
 """
 

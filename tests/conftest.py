@@ -6,7 +6,6 @@ import io
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,8 @@ from agent.commands.cli import main
 from backends.nvidia.driver_root import DriverRoot
 from backends.nvidia.nvml import use_driver_root
 from simulator.node.node import SimulatedNode, simulated_node
-from tests.agent_env import memory_dir
+from tests.support.agent_env import memory_dir
+from tests.support.cli_env import CliResult
 
 
 @pytest.fixture
@@ -38,13 +38,6 @@ def sim_node(scratch: Path) -> Iterator[Callable[[str], SimulatedNode]]:
             return node
 
         yield build
-
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ __all__ = ["PROFILES", "SimulatedHost", "SimulatorError", "open_node", "reexec_u
 
 PROFILES = ("a2-highgpu-1g", "dgx-h100", "gke-g2-l4", "gke-n1-p4x4", "gke-n1-t4x2", "mixed", "tpu-v5e-8")
 """The simulator's built-in node profiles, named here so that `--help` lists them without loading the simulator
-(tests/test_cli_errors.py checks they are the simulator's)."""
+(tests/agent/commands/test_cli_errors.py checks they are the simulator's)."""
 
 
 class SimulatorError(Exception):

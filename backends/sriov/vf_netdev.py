@@ -17,7 +17,7 @@ own namespace; the agent warns at start when the sysfs it reads shows other devi
   name may have changed while it was in a pod);
 - the folder, empty: the function has an interface, in another namespace (a pod's, or one being torn down). The
   kernel keeps a class device's folder (its "glue" directory) while the device exists and hides only the entries
-  of other namespaces; tests/test_vf_netdev_kernel.py shows this on the machine's real kernel;
+  of other namespaces; tests/backends/sriov/test_vf_netdev_kernel.py shows this on the machine's real kernel;
 - no folder: the function has no interface at all (on vfio-pci, unbound, or a driver without one).
 
 The host's routes and addresses come from procfs of the host's PID 1 (`backends.host_net`), which shows the host's

@@ -33,8 +33,8 @@ from cluster.pki import write_kubeconfig
 from cluster.worker import WorkerNode
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import Plugin
-from tests.agent_env import AgentProcess, free_port, settings_for
-from tests.timing import scaled
+from tests.support.agent_env import AgentProcess, free_port, settings_for
+from tests.support.timing import scaled
 
 __all__ = ["NODE", "AgentOnNode", "RealCluster", "agent_on_node", "agent_ready", "every_reconfiguration_allowed",
            "reconfiguration_namespaces"]

@@ -25,10 +25,10 @@ from cluster.leftovers import remove_abandoned_nodes
 from cluster.loopback import LoopbackWatch
 from cluster.node import register_node
 from cluster.worker import WorkerNode
-from tests.agent_env import memory_dir
 from tests.real_cluster.cluster_env import NODE, RealCluster
 from tests.real_cluster.node_env import start_agent_stand_in
-from tests.timing import scaled
+from tests.support.agent_env import memory_dir
+from tests.support.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 VERBOSITY = "DRA_AGENT_CLUSTER_VERBOSITY"

@@ -29,10 +29,10 @@ from agent.settings import Settings
 from cluster.kubectl import Kubectl
 from cluster.worker import WorkerNode
 from simulator.node.variants import with_char_devices
-from tests.agent_env import AgentProcess, free_port, settings_for
 from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, KubectlError, RealCluster, agent_ready, poll
 from tests.real_cluster.objects import pod
-from tests.timing import scaled
+from tests.support.agent_env import AgentProcess, free_port, settings_for
+from tests.support.timing import scaled
 
 __all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "node_image", "reported", "reporter",
            "running_pod", "sleeper",

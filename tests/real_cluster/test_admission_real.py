@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from agent.admission.policy import MESSAGE, builtin_drivers, policy_objects
 from agent.claims.opaque import InvalidParameters, validate_parameters
 from cluster.kubectl import KubectlError
-from tests.admission_cases import CHOSEN, as_policy_names, claim, mutated
-from tests.admission_cel import evaluate
 from tests.real_cluster.cluster_env import RealCluster, every_reconfiguration_allowed
+from tests.support.admission_cases import CHOSEN, as_policy_names, claim, mutated
+from tests.support.admission_cel import evaluate
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

@@ -2,7 +2,7 @@
 (agent/claims/status_rules.py, served by the test API server): on a claim allocated devices of a made-up driver
 on the node, every chosen set of entries, applied server-side on `/status` by the driver (and a few by merge
 patch), gets the same verdict from both, refused with the same field paths and kinds of error, and the verdict of
-the shared table (tests/claim_status_cases.py); and a writer without the driver's per-node permission is refused
+the shared table (tests/support/claim_status_cases.py); and a writer without the driver's per-node permission is refused
 by both in the same words (simulator/apiserver/authorization.py)."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from cluster.pki import write_kubeconfig
 from simulator.apiserver.authorization import Caller
 from simulator.apiserver.resources import RESOURCE_CLAIMS, ApiError
 from simulator.apiserver.store import Store
-from tests.claim_status_cases import ALLOCATION, APPLY_CASES, DRIVER, MERGE_CASES, POOL, StatusCase, entry
 from tests.real_cluster.cluster_env import NODE, RealCluster, poll
 from tests.real_cluster.objects import pod
-from tests.timing import scaled
-from tests.verdicts import ACCEPTED, Verdict, from_kubectl, of_store
+from tests.support.claim_status_cases import ALLOCATION, APPLY_CASES, DRIVER, MERGE_CASES, POOL, StatusCase, entry
+from tests.support.timing import scaled
+from tests.support.verdicts import ACCEPTED, Verdict, from_kubectl, of_store
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

@@ -14,7 +14,7 @@ import yaml
 
 from cluster.kubectl import KubectlError
 from tests.real_cluster.cluster_env import RealCluster, every_reconfiguration_allowed, poll
-from tests.timing import scaled
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

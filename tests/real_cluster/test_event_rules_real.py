@@ -1,6 +1,6 @@
 """The real API server's validation of events.k8s.io/v1 Events against the project's copy (agent/events/rules.py,
 served by the test API server): every chosen create and update gets the same verdict from both, refused with the
-same field paths and kinds of error, and the verdict of the shared table (tests/event_cases.py)."""
+same field paths and kinds of error, and the verdict of the shared table (tests/support/event_cases.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from cluster.kubectl import KubectlError
 from simulator.apiserver.resources import EVENTS_V1
 from simulator.apiserver.store import Store
-from tests.event_cases import create_cases, update_cases
 from tests.real_cluster.cluster_env import RealCluster
-from tests.verdicts import ACCEPTED, Verdict, from_kubectl, of_store
+from tests.support.event_cases import create_cases, update_cases
+from tests.support.verdicts import ACCEPTED, Verdict, from_kubectl, of_store
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

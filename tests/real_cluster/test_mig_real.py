@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.mig_env import dgx_h100_in_mig_mode
 from tests.real_cluster.cluster_env import GPU, RealCluster, agent_on_node, poll
 from tests.real_cluster.objects import claim, exactly, pod
-from tests.timing import scaled
+from tests.support.mig_env import dgx_h100_in_mig_mode
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

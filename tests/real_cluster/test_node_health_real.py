@@ -15,7 +15,7 @@ from simulator.nvml.control import request
 from tests.real_cluster.cluster_env import GPU, NODE, RealCluster, poll
 from tests.real_cluster.node_env import agent_on_real_node, running_pod, sleeper
 from tests.real_cluster.objects import claim, exactly
-from tests.timing import scaled
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-node")
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from tests.agent_env import AgentProcess, free_port
 from tests.real_cluster.cluster_env import GPU, NODE, KubectlError, RealCluster, poll
 from tests.real_cluster.node_env import AgentOnRealNode, agent_on_real_node, running_pod, sleeper
 from tests.real_cluster.objects import claim, exactly, template
-from tests.timing import scaled
+from tests.support.agent_env import AgentProcess, free_port
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-node")
 

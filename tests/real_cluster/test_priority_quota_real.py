@@ -27,7 +27,7 @@ from cluster.loopback import LoopbackWatch
 from cluster.node import register_node
 from tests.real_cluster.cluster_env import NODE, poll
 from tests.real_cluster.conftest import VERBOSITY, built_binaries
-from tests.timing import scaled
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

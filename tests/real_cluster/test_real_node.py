@@ -14,7 +14,7 @@ import pytest
 from tests.real_cluster.cluster_env import GPU, NODE, RealCluster, poll
 from tests.real_cluster.node_env import agent_on_real_node, finished_pod_log, node_image
 from tests.real_cluster.objects import claim, exactly, pod
-from tests.timing import scaled
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-node")
 

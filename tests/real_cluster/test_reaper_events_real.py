@@ -13,10 +13,10 @@ import pytest
 from agent.claims import checkpoint
 from agent.events.recorder import CONTROLLER
 from backends.contract import ClaimRef
-from tests.agent_env import AgentProcess, metrics_of, settings_for
 from tests.real_cluster.cluster_env import GPU, NODE, RealCluster, agent_on_node, poll
 from tests.real_cluster.objects import claim, exactly, pod
-from tests.timing import scaled
+from tests.support.agent_env import AgentProcess, metrics_of, settings_for
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

@@ -15,10 +15,10 @@ import pytest
 from agent.admission.policy import builtin_drivers
 from agent.admission.reconfigurations import PARAMS_NAME, PARAMS_NAMESPACE, POLICY_NAME, reconfiguration_objects
 from cluster.kubectl import KubectlError
-from tests.admission_cases import RECONFIGURATION_CASES, VFIO, claim
-from tests.admission_cel import evaluate
 from tests.real_cluster.cluster_env import RealCluster, poll
-from tests.timing import scaled
+from tests.support.admission_cases import RECONFIGURATION_CASES, VFIO, claim
+from tests.support.admission_cel import evaluate
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

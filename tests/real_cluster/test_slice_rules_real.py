@@ -1,7 +1,7 @@
 """The project's ResourceSlice rules (agent/slices/rules.py: the agent checks every slice it publishes with them, and
-the test API server validates with them) against kube-apiserver itself. Every case of tests/slice_cases.py goes to
-the real server as a dry run, and so do slices the agent's builder makes of generated devices, mutated at random
-(tests/slice_strategies.py): the server must refuse exactly the objects the rules refuse, and name exactly the
+the test API server validates with them) against kube-apiserver itself. Every case of tests/support/slice_cases.py goes
+to the real server as a dry run, and so do slices the agent's builder makes of generated devices, mutated at random
+(tests/support/slice_strategies.py): the server must refuse exactly the objects the rules refuse, and name exactly the
 fields the rules name.
 
 kubectl asks for the server's default field validation, as the agent's own requests do: a field the server does
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from agent.slices.rules import validate_resource_slice, validate_resource_slice_update
 from cluster.kubectl import KubectlError
 from tests.real_cluster.cluster_env import RealCluster
-from tests.slice_cases import (
+from tests.support.slice_cases import (
     COUNTER_CASES,
     DECODING,
     RAW_CASES,
@@ -35,7 +35,7 @@ from tests.slice_cases import (
     counters_baseline,
     paths,
 )
-from tests.slice_strategies import mutated_slices
+from tests.support.slice_strategies import mutated_slices
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 

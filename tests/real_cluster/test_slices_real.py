@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from simulator.nvml.control import request
-from tests.agent_env import metrics_of
 from tests.real_cluster.cluster_env import GPU, NODE, SRIOV, RealCluster, agent_on_node, poll
 from tests.real_cluster.objects import claim, exactly, pod
-from tests.timing import scaled
+from tests.support.agent_env import metrics_of
+from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 
