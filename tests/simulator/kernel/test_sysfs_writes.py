@@ -34,8 +34,11 @@ def settle(condition: Callable[[], bool], what: str) -> None:
 
 
 def driver(node: SimulatedNode, bus_id: str) -> str | None:
-    link = node.sysfs / "bus/pci/devices" / bus_id / "driver"
-    return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+    """The driver bound to the device, None when none is; read once (the simulated kernel may be unbinding it)."""
+    try:
+        return os.path.basename(os.readlink(node.sysfs / "bus/pci/devices" / bus_id / "driver"))
+    except FileNotFoundError:
+        return None
 
 
 def function(node: SimulatedNode, bus_id: str) -> PciFunction:
