@@ -131,6 +131,11 @@ async def agent_on_real_node(cluster: RealCluster, root: Path, profile: str = "d
     worker = cluster.worker
     assert worker is not None and worker.kubelet is not None, "the cluster's node runs no kubelet"
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+    # An earlier test's pods were force-deleted after its agent stopped (`RealCluster.release`), so the kubelet never
+    # had their claims unprepared and their CDI specs stayed: this agent, its state new, would take them back as
+    # claims of its own.
+    for stale in worker.cdi_dir.glob("*.json"):
+        await asyncio.to_thread(stale.unlink)
     kubeconfig = await cluster.agent_kubeconfig(root / "agent.kubeconfig")
     char_profile = await asyncio.to_thread(with_char_devices, profile, root)
     metrics = f"127.0.0.1:{free_port()}"
