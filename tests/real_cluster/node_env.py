@@ -123,21 +123,29 @@ class AgentOnRealNode:
 @asynccontextmanager
 async def agent_on_real_node(cluster: RealCluster, root: Path, profile: str = "dgx-h100", *,
                              backend_config: Mapping[str, Any] | None = None,
-                             drivers: Sequence[str] = (GPU,), **extra: Any) -> AsyncIterator[AgentOnRealNode]:
-    """Start the agent on a simulated node under `root` (`profile` with character devices, `extra` settings)
-    registered with the node's kubelet; return once the kubelet accepted every driver in `drivers` and the agent is
-    ready (its slices published). Stopped at the end."""
+                             drivers: Sequence[str] = (GPU,), env: Mapping[str, str] | None = None,
+                             **extra: Any) -> AsyncIterator[AgentOnRealNode]:
+    """Start the agent on a simulated node under `root` (`profile` with character devices, `extra` settings, `env`
+    added to its environment) registered with the node's kubelet; return once the kubelet accepted every driver in
+    `drivers` and the agent is ready (its slices published). Stopped at the end."""
     worker = cluster.worker
     assert worker is not None and worker.kubelet is not None, "the cluster's node runs no kubelet"
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+    # An earlier test's pods were force-deleted after its agent stopped (`RealCluster.release`), so the kubelet never
+    # had their claims unprepared and their CDI specs stayed: this agent, its state new, would take them back as
+    # claims of its own.
+    for stale in worker.cdi_dir.glob("*.json"):
+        await asyncio.to_thread(stale.unlink)
     kubeconfig = await cluster.agent_kubeconfig(root / "agent.kubeconfig")
     char_profile = await asyncio.to_thread(with_char_devices, profile, root)
     metrics = f"127.0.0.1:{free_port()}"
     settings = settings_for(root, kubeconfig, str(char_profile), node_name=NODE, metrics_address=metrics,
                             registry_dir=worker.kubelet.registry_dir, plugins_dir=worker.kubelet.plugins_dir,
                             cdi_dir=worker.cdi_dir, cdi_host_root=root / "node", log_level="info", **extra)
-    env = {"DRA_AGENT_BACKEND_CONFIG": json.dumps(dict(backend_config))} if backend_config else None
-    process = AgentProcess(settings, env)
+    environment = dict(env or {})
+    if backend_config:
+        environment["DRA_AGENT_BACKEND_CONFIG"] = json.dumps(dict(backend_config))
+    process = AgentProcess(settings, environment)
     await process.start()
     assert process.process is not None
     cluster.loopback.watch([process.process.pid])

@@ -92,12 +92,18 @@ async def test_a_restarted_kubelet_wipes_the_slices_and_the_agent_publishes_them
         assert [after_gpu] != await poll(listed, timeout=scaled(30), what="the running pod's GPU listing")
 
 
-async def test_an_agent_killed_while_pods_start_starts_every_pod_once(real_node: RealCluster, node_root: Path) -> None:
-    """SIGKILL once the first of six pods' claims is prepared, the others on their way: the kubelet retries the
-    rest against the restarted agent, every pod runs with a GPU of its own, and once they are deleted nothing is
-    left on the node."""
+@pytest.mark.parametrize("kill", [None, "prepare-after-started", "prepare-after-completed"])
+async def test_an_agent_killed_while_pods_start_starts_every_pod_once(real_node: RealCluster, node_root: Path,
+                                                                      kill: str | None) -> None:
+    """SIGKILL while six pods start, the kubelet retrying the rest against the restarted agent: every pod runs with a
+    GPU of its own, and once they are deleted nothing is left on the node. The kill comes from outside once the
+    first claim is prepared (the others on their way), or from the agent itself at its first prepare: with the
+    claim recorded `started` and nothing prepared yet (the restarted agent must roll it back, then prepare it), or
+    with the claim recorded `completed` and the kubelet not yet answered (it must answer from its records, not
+    prepare the claim again)."""
     names = [f"pod-{i}" for i in range(6)]
-    async with agent_on_real_node(real_node, node_root) as agent:
+    env = {"DRA_AGENT_FAILPOINTS": kill} if kill else None
+    async with agent_on_real_node(real_node, node_root, env=env) as agent:
         ns = await real_node.namespace("agent-killed")
         pods = []
         for name in names:
@@ -106,11 +112,14 @@ async def test_an_agent_killed_while_pods_start_starts_every_pod_once(real_node:
             pods.append(made)
         await real_node.apply([template(ns, "gpu", [exactly("gpu", GPU)]), *pods])
 
-        def prepared() -> list[dict[str, Any]] | None:
-            return [line for line in agent.log() if line.get("event") == "prepared claim"] or None
-        await poll(prepared, timeout=scaled(60), what="a first claim prepared", interval=0.02)
-        await agent.process.signal(signal.SIGKILL)
-        await agent.process.wait()
+        if kill is None:
+            def prepared() -> list[dict[str, Any]] | None:
+                return [line for line in agent.log() if line.get("event") == "prepared claim"] or None
+            await poll(prepared, timeout=scaled(60), what="a first claim prepared", interval=0.02)
+            await agent.process.signal(signal.SIGKILL)
+        assert await agent.process.wait(timeout=scaled(60)) == -signal.SIGKILL
+        killed_at = agent.histories(GPU)
+        agent.process.env.pop("DRA_AGENT_FAILPOINTS", None)
         await agent.process.start()
         assert agent.process.process is not None
         real_node.loopback.watch([agent.process.process.pid])
@@ -142,6 +151,19 @@ async def test_an_agent_killed_while_pods_start_starts_every_pod_once(real_node:
                 assert history == ["started", "removed", "started", "completed"], (uid, history)
             else:
                 assert history == ["started", "completed"], (uid, history)
+        # What the kill cut short, and only that, was rolled back.
+        cut_short = {uid for uid, history in killed_at.items() if history == ["started"]}
+        assert all(history in (["started"], ["started", "completed"]) for history in killed_at.values()), killed_at
+        assert rolled_back == cut_short, (rolled_back, killed_at)
+        if kill == "prepare-after-started":
+            assert cut_short, killed_at
+        elif kill == "prepare-after-completed":
+            completed = set(killed_at) - cut_short
+            assert completed, killed_at
+            # The first agent died before it answered: the kubelet asked the restarted one, which answered once.
+            answered = [line["claim"].rpartition(":")[2] for line in agent.log()
+                        if line.get("event") == "prepared claim"]
+            assert all(answered.count(uid) == 1 for uid in completed), (answered, killed_at)
 
         await real_node.run("delete", "pods", "--all", "-n", ns, "--wait=true", f"--timeout={scaled(120):.0f}s")
         leaks = {uid: agent.on_node(uid) for uid in uids if agent.on_node(uid)}
