@@ -106,7 +106,10 @@ class ClaimStatusWriter:
 
     def resume(self, ref: ClaimRef, record: ClaimRecord) -> None:
         """A claim prepared before this process started: apply its entries again (the server may have missed the
-        last write), keeping the Ready time the server holds."""
+        last write), keeping the Ready time the server holds. A claim taken back from its CDI spec alone (its
+        checkpoint record was lost) has no name to write to until the kubelet names it again: nothing is done."""
+        if not (ref.namespace and ref.name):
+            return
         if ref.uid not in self._since:
             self._resuming.add(ref.uid)
         self._want(ref, record)

@@ -260,6 +260,15 @@ async def test_the_ready_time_stays_across_prepares_and_restarts() -> None:
     assert api.applied[-1][1]["status"]["devices"][0]["conditions"][0]["lastTransitionTime"] == "2025-11-26T10:00:00Z"
 
 
+async def test_a_claim_known_only_from_its_cdi_spec_is_not_resumed() -> None:
+    """Taken back from a spec, a claim has a UID but no namespace or name: there is no status to write to."""
+    api, metrics = FakeApi(), Metrics()
+    writer = ClaimStatusWriter(api, DRIVER, POOL, metrics=metrics, backoff=FAST, settle=0.0)
+    writer.resume(ClaimRef(REF.uid, "", ""), ONE)
+    await settled(writer)
+    assert api.applied == [] and writes(metrics, "refused") == 0 and writes(metrics, "ok") == 0
+
+
 async def test_close_writes_what_is_wanted_then_gives_up_on_a_hanging_write() -> None:
     api = FakeApi()
     writer = ClaimStatusWriter(api, DRIVER, POOL, backoff=FAST)
