@@ -46,9 +46,15 @@ def character_devices(log: str) -> list[str]:
     return re.findall(r"^c\S+\s.*\s(/dev/\S+)$", log, re.MULTILINE)
 
 
+def pcie_root_in_sysfs(sim_root: Path, bus_id: str) -> str:
+    """The PCI root complex (`pci<domain>:<bus>`) the node's sysfs puts a device under."""
+    real = (sim_root / "sys/bus/pci/devices" / bus_id).resolve()
+    return next(part for part in real.parts if re.fullmatch(r"pci[0-9a-f]{4}:[0-9a-f]{2}", part))
+
+
 async def test_a_gpu_and_an_rdma_vf_on_one_pcie_root_reach_the_container(real_node: RealCluster,
                                                                          node_root: Path) -> None:
-    async with agent_on_real_node(real_node, node_root, drivers=(GPU, SRIOV)):
+    async with agent_on_real_node(real_node, node_root, drivers=(GPU, SRIOV)) as agent:
         ns = await real_node.namespace("gpu-vf")
         await real_node.apply([
             claim(ns, "gpu-rdma", [exactly("gpu", GPU, selectors=[ONLY_GPU_ZERO]), exactly("nic", RDMA_VF)],
@@ -61,6 +67,13 @@ async def test_a_gpu_and_an_rdma_vf_on_one_pcie_root_reach_the_container(real_no
         gpu, nic = published(real_node, GPU, results["gpu"]["device"]), published(real_node, SRIOV,
                                                                                      results["nic"]["device"])
         assert gpu[PCIE_ROOT] == nic[PCIE_ROOT]
+        # The published root is the one the node's PCI tree puts each device under: the constraint put the two
+        # on one root complex, not merely on one published value.
+        sim_root = agent.settings.sim_root
+        assert sim_root is not None
+        for attributes in (gpu, nic):
+            bus_id = attributes["resource.kubernetes.io/pciBusID"]
+            assert pcie_root_in_sysfs(sim_root, bus_id) == attributes[PCIE_ROOT], attributes
     nodes = character_devices(log)
     assert len([n for n in nodes if re.fullmatch(r"/dev/nvidia\d+", n)]) == 1, log
     assert [n for n in nodes if n.startswith("/dev/infiniband/uverbs")], log
