@@ -1,6 +1,7 @@
 """`python -m cluster`: build the pinned components, or start a control plane on 127.0.0.1 and keep it up.
 
     python -m cluster build                 # build (or find cached) the binaries; print their folder
+    python -m cluster agent-image           # build (or find cached) the agent's image as an OCI archive
     python -m cluster up [--dir D] [--node NAME] [--deploy] [--kubelet]
                                             # etcd, kube-apiserver, kube-controller-manager, kube-scheduler;
                                             # the node registered (--kubelet: containerd and the kubelet run it);
@@ -16,7 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from cluster import HERE, binaries, build
+from cluster import HERE, agent_image, binaries, build
 from cluster.controlplane import ComponentFailed, ControlPlane
 from cluster.incluster import apply_deploy
 from cluster.kubectl import Kubectl
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("build", help="build the pinned components into the cache and print their folder")
+    commands.add_parser("agent-image", help="build the agent's image (scripts/build-image.sh) into the cache as "
+                        "an OCI archive for the node's containerd, or find it there; print its name and archive")
     up = commands.add_parser("up", help="start a control plane on 127.0.0.1 until Ctrl-C")
     up.add_argument("--dir", help="keep the cluster's files here (default: a new temporary folder, removed after)")
     up.add_argument("--node", default=DEFAULT_NODE, help=f"the node to register (default {DEFAULT_NODE})")
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         print(*build(), sep="\n")
         return 0
+    if args.command == "agent-image":
+        return agent_image.main()
     return _up(args)
 
 
