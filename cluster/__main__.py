@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--dir", help="keep the cluster's files here (default: a new temporary folder, removed after)")
     up.add_argument("--node", default=DEFAULT_NODE, help=f"the node to register (default {DEFAULT_NODE})")
     up.add_argument("--deploy", action="store_true", help="apply deploy/ (kubectl apply --server-side -k; "
-                    "without its DaemonSet with --kubelet, whose node cannot pull its image)")
+                    "without its DaemonSet with --kubelet, whose host folders are not the node's: "
+                    "cluster/agent_daemonset.py makes an overlay for the node)")
     up.add_argument("--kubelet", action="store_true",
                     help="run the node: containerd and the kubelet (as root), instead of registering it")
     up.add_argument("-v", type=int, default=1, metavar="N", help="the components' log verbosity (default 1)")
