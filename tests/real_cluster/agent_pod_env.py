@@ -70,7 +70,17 @@ class AgentDaemonSet:
                     return pod
             return None
         pod: dict[str, Any] = await poll(ready, timeout=timeout, what="the agent's pod Ready", interval=1.0)
+        self._watch_loopback(pod)
         return pod
+
+    def _watch_loopback(self, pod: dict[str, Any]) -> None:
+        """The agent's process in `pod` joins the tier's check that nothing is sent or bound off loopback."""
+        worker = self.cluster.worker
+        assert worker is not None and worker.containerd is not None
+        [status] = pod["status"]["containerStatuses"]
+        container = status["containerID"].partition("://")[2]
+        info = json.loads(worker.containerd.crictl("inspect", container).stdout)["info"]
+        self.cluster.loopback.watch([int(info["pid"])])
 
     def log(self, pod: str) -> list[dict[str, Any]]:
         """The agent's log lines (JSON) in pod `pod`, as `kubectl logs` shows them."""

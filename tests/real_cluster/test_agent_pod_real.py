@@ -127,3 +127,7 @@ async def test_a_rolling_update_hands_the_node_to_the_new_pod(real_node: RealClu
         assert claims_logged(daemonset, new, "unprepared claim") == [before_uid]
         assert daemonset.histories(GPU)[before_uid] == ["started", "completed", "removed"]
         assert daemonset.histories(GPU)[after_uid] == ["started", "completed"]
+        # Nothing left for the kubelet to unprepare once the DaemonSet is gone.
+        await delete_pod(real_node, ns, "after")
+        assert daemonset.specs(after_uid) == []
+        assert daemonset.histories(GPU)[after_uid] == ["started", "completed", "removed"]
