@@ -1,6 +1,7 @@
 """`python -m cluster`: build the pinned components, or start a control plane on 127.0.0.1 and keep it up.
 
     python -m cluster build                 # build (or find cached) the binaries; print their folder
+    python -m cluster agent-image           # build (or find cached) the agent's image as an OCI archive
     python -m cluster up [--dir D] [--node NAME] [--deploy] [--kubelet]
                                             # etcd, kube-apiserver, kube-controller-manager, kube-scheduler;
                                             # the node registered (--kubelet: containerd and the kubelet run it);
@@ -16,7 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from cluster import HERE, binaries, build
+from cluster import HERE, agent_image, binaries, build
 from cluster.controlplane import ComponentFailed, ControlPlane
 from cluster.incluster import apply_deploy
 from cluster.kubectl import Kubectl
@@ -81,11 +82,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("build", help="build the pinned components into the cache and print their folder")
+    commands.add_parser("agent-image", help="build the agent's image (scripts/build-image.sh) into the cache as "
+                        "an OCI archive for the node's containerd, or find it there; print its name and archive")
     up = commands.add_parser("up", help="start a control plane on 127.0.0.1 until Ctrl-C")
     up.add_argument("--dir", help="keep the cluster's files here (default: a new temporary folder, removed after)")
     up.add_argument("--node", default=DEFAULT_NODE, help=f"the node to register (default {DEFAULT_NODE})")
     up.add_argument("--deploy", action="store_true", help="apply deploy/ (kubectl apply --server-side -k; "
-                    "without its DaemonSet with --kubelet, whose node cannot pull its image)")
+                    "without its DaemonSet with --kubelet, whose host folders are not the node's: "
+                    "cluster/agent_daemonset.py makes an overlay for the node)")
     up.add_argument("--kubelet", action="store_true",
                     help="run the node: containerd and the kubelet (as root), instead of registering it")
     up.add_argument("-v", type=int, default=1, metavar="N", help="the components' log verbosity (default 1)")
@@ -93,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         print(*build(), sep="\n")
         return 0
+    if args.command == "agent-image":
+        return agent_image.main()
     return _up(args)
 
 

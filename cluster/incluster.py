@@ -11,10 +11,11 @@ kubelet, and the loopback address of the API server in every pod; and deploy/ as
   so a mutating admission policy writes both into every container of every new pod: 127.0.0.1 and the API server's
   port. Client libraries' in-cluster configuration (client-go's, the Python client's) reads exactly these two;
   the server's certificate names 127.0.0.1. Init containers are not changed.
-- deploy/ goes in without its DaemonSet: the agent's image is not on the node and nothing could pull it (containerd
-  would try the registry the image names, off this machine), and the DaemonSet's host folders (/var/lib/kubelet,
-  /var/run/cdi, /var/lib/dra-agent) are the machine's, not the node's, whose kubelet and CDI folders are below the
-  cluster's folder. The agent runs as a host process with the DaemonSet's arguments instead.
+- deploy/ goes in without its DaemonSet: its image names a registry (containerd would try it, off this machine), and
+  its host folders (/var/lib/kubelet, /var/run/cdi, /var/lib/dra-agent) are the machine's, not the node's, whose
+  kubelet and CDI folders are below the cluster's folder. The DaemonSet goes in through an overlay made for the
+  node, with the agent's image imported there (`cluster.agent_daemonset`), or the agent runs as a host process with
+  the DaemonSet's arguments.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ Then, unless --no-smoke, runs the image with podman (scripts/image/smoke_image.p
 short run against a test API server, on a simulated node laid out on this machine and mounted as the DaemonSet
 mounts the host; the run must publish its ResourceSlices and stop cleanly on SIGTERM.
 
-Needs root, and the Debian packages mmdebstrap, buildah and podman (apt-get install mmdebstrap buildah podman),
-python3-venv, and a checkout whose .venv has the simulator extra for the smoke test (pip install -e '.[test]').
+Needs root, and the Debian packages mmdebstrap and buildah (apt-get install mmdebstrap buildah), podman for the
+smoke test, python3-venv, and a checkout whose .venv has the simulator extra for the smoke test (pip install -e
+'.[test]').
 
 Environment:
   DEBIAN_SOURCES  a sources file (sources.list lines or deb822 stanzas) of Debian 12 to build from instead of
@@ -64,8 +65,11 @@ while (($#)); do
     shift
 done
 
+# podman only runs the smoke test; building needs the other two.
+tools=(mmdebstrap buildah)
+((smoke)) && tools+=(podman)
 missing=()
-for tool in mmdebstrap buildah podman; do
+for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if ((${#missing[@]})); then
@@ -200,7 +204,7 @@ if ((build && dockerfile)); then
 elif ((build)); then
     build_image
 fi
-echo "image $tag: $(podman image inspect --format '{{.Size}}' "$tag" | numfmt --to=iec-i --suffix=B)"
+echo "image $tag: $(buildah images --noheading --format '{{.Size}}' "$tag")"
 
 if ((smoke)); then
     python=$repo/.venv/bin/python

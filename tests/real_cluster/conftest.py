@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import cluster
+from cluster.agent_image import AgentImage, cached_agent_image
 from cluster.controlplane import ControlPlane
 from cluster.incluster import apply_deploy
 from cluster.kubectl import Kubectl
@@ -25,6 +26,7 @@ from cluster.leftovers import remove_abandoned_nodes
 from cluster.loopback import LoopbackWatch
 from cluster.node import register_node
 from cluster.worker import WorkerNode
+from tests.real_cluster.agent_pod_env import import_agent_image
 from tests.real_cluster.cluster_env import NODE, RealCluster
 from tests.real_cluster.node_env import start_agent_stand_in
 from tests.support.agent_env import memory_dir
@@ -42,6 +44,16 @@ def built_binaries(part: str = "kubernetes") -> Path:
     message = f"real-cluster tier: the {part} binaries are not built; run cluster/build.sh"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message + " (CI must build them before the tests)")
+    pytest.skip(message)
+
+
+def built_agent_image() -> AgentImage:
+    image = cached_agent_image()
+    if image is not None:
+        return image
+    message = "real-cluster tier: the agent's image is not built; run python -m cluster agent-image"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + " (CI must build it before the tests)")
     pytest.skip(message)
 
 
@@ -110,6 +122,14 @@ def real_node(request: pytest.FixtureRequest, loopback_watch: LoopbackWatch) -> 
             shutil.copytree(folder / "logs", kept, dirs_exist_ok=True)
             print(f"\nthe real node's cluster logs are in {kept}")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def agent_image(request: pytest.FixtureRequest) -> AgentImage:
+    """The agent's image (`python -m cluster agent-image`), imported into the node's containerd."""
+    image = built_agent_image()
+    import_agent_image(request.getfixturevalue("real_node"), image)
+    return image
 
 
 @pytest.fixture(autouse=True)

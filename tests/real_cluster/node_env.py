@@ -18,8 +18,8 @@ import json
 import shutil
 import tempfile
 import urllib.request
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,12 @@ from tests.real_cluster.objects import pod
 from tests.support.agent_env import AgentProcess, free_port, settings_for
 from tests.support.timing import scaled
 
-__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "node_image", "reported", "reporter",
-           "running_pod", "sleeper",
-           "start_agent_stand_in"]
+__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "journal_histories", "node_image",
+           "reported", "reporter", "running_pod", "sleeper", "stand_in_aside", "start_agent_stand_in"]
 
 _AGENT_LABELS = {"app.kubernetes.io/name": "dra-agent"}
 _DONE = "-- reported --"
+_STAND_IN = "dra-agent-host-process"
 
 
 def start_agent_stand_in(kubectl: Kubectl, worker: WorkerNode) -> None:
@@ -47,14 +47,40 @@ def start_agent_stand_in(kubectl: Kubectl, worker: WorkerNode) -> None:
     runs."""
     kubectl.apply({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"namespace": AGENT_NAMESPACE, "name": "dra-agent-host-process", "labels": _AGENT_LABELS},
+        "metadata": {"namespace": AGENT_NAMESPACE, "name": _STAND_IN, "labels": _AGENT_LABELS},
         "spec": {"serviceAccountName": "dra-agent", "nodeName": NODE, "hostNetwork": True,
                  "terminationGracePeriodSeconds": 0,
                  "containers": [{"name": "agent", "image": worker.busybox, "imagePullPolicy": "Never",
                                  "command": ["sleep", "2147483647"]}]}})
     wait = scaled(60)
-    kubectl.run("wait", "--for=condition=Ready", "pod/dra-agent-host-process", "-n", AGENT_NAMESPACE,
+    kubectl.run("wait", "--for=condition=Ready", f"pod/{_STAND_IN}", "-n", AGENT_NAMESPACE,
                 f"--timeout={wait:.0f}s", timeout=wait + 10)
+
+
+@contextmanager
+def stand_in_aside(kubectl: Kubectl) -> Iterator[None]:
+    """The stand-in out of the DaemonSet's selector for the block (deploy/'s DaemonSet runs on the node meanwhile,
+    whose controller would adopt a pod its selector matches), back in it afterwards."""
+    label = "app.kubernetes.io/name"
+    kubectl.run("label", "pod", _STAND_IN, "-n", AGENT_NAMESPACE, "--overwrite", f"{label}={_STAND_IN}")
+    try:
+        yield
+    finally:
+        kubectl.run("label", "pod", _STAND_IN, "-n", AGENT_NAMESPACE, "--overwrite", f"{label}={_AGENT_LABELS[label]}")
+
+
+def journal_histories(state_dir: Path, driver: str) -> dict[str, list[str]]:
+    """What the driver's checkpoint journal in `state_dir` recorded of each claim, in order (see
+    `AgentOnRealNode.histories`)."""
+    journal = state_dir / driver / "checkpoint.journal"
+    histories: dict[str, list[str]] = {}
+    for line in journal.read_text().splitlines() if journal.exists() else []:
+        record = json.loads(line.partition(" ")[2])
+        if record.get("op") == "claim":
+            histories.setdefault(record["claim"]["uid"], []).append(record["claim"]["state"])
+        elif record.get("op") == "removed":
+            histories.setdefault(record["uid"], []).append("removed")
+    return histories
 
 
 @dataclass
@@ -98,15 +124,7 @@ class AgentOnRealNode:
         `completed`, `removed`. A claim prepared once reads `started, completed` however often the kubelet asked;
         one whose preparation a crash cut short reads `started, removed, started, completed` (rolled back at start,
         then prepared again)."""
-        journal = self.settings.state_dir / driver / "checkpoint.journal"
-        histories: dict[str, list[str]] = {}
-        for line in journal.read_text().splitlines() if journal.exists() else []:
-            record = json.loads(line.partition(" ")[2])
-            if record.get("op") == "claim":
-                histories.setdefault(record["claim"]["uid"], []).append(record["claim"]["state"])
-            elif record.get("op") == "removed":
-                histories.setdefault(record["uid"], []).append("removed")
-        return histories
+        return journal_histories(self.settings.state_dir, driver)
 
     def on_node(self, uid: str, drivers: Sequence[str] = (GPU,)) -> list[str]:
         """What the node holds of claim `uid`: its CDI specs (by file name) and its checkpoint records (by
