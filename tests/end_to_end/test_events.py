@@ -5,21 +5,23 @@ fails or hangs on Event writes neither fails nor holds up a prepare."""
 from __future__ import annotations
 
 import signal
-import socket
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent.claims import checkpoint
 from agent.events.recorder import CONTROLLER
 from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator
-from simulator.kubelet_connection import Plugin
-from tests.support.agent_env import NODE, AgentProcess, allocate, metrics_of, settings_for, wait_until
+from tests.support.agent_env import (
+    NODE,
+    AgentProcess,
+    ServedNode,
+    allocate,
+    served_node,
+    settings_for,
+    wait_until,
+)
 from tests.support.timing import scaled
 
 GPU = "gpu.nvidia.com"
@@ -30,57 +32,20 @@ WAIT = scaled(30.0)
 """Seconds an outcome may take on a loaded machine (an agent process starts, a retry comes round)."""
 
 
-@dataclass
-class Node:
-    server: TestApiServer
-    agent: AgentProcess
-    plugin: Plugin
-    metrics_address: str
-
-    def gpu(self) -> str:
-        name: str = self.server.objects("resourceslices")[0]["spec"]["devices"][0]["name"]
-        return name
-
-    def claim_events(self, claim: str) -> list[dict[str, Any]]:
-        return [e for e in self.server.events() if e["regarding"].get("name") == claim]
-
-    def metric(self, sample: str) -> float:
-        return metrics_of(self.metrics_address).get(sample, 0.0)
-
-
 @pytest.fixture
-async def node(scratch: Path) -> AsyncIterator[Node]:
-    async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(TestApiServer())
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "gke-g2-l4",
-                                log_level="info", metrics_address=f"127.0.0.1:{_free_port()}")
-        agent = AgentProcess(settings)
-        await agent.start()
-        stack.push_async_callback(agent.stop)
-        kubelet = await stack.enter_async_context(KubeletSimulator(settings.registry_dir))
-        try:
-            plugin = await kubelet.wait_for_plugin(GPU, timeout=WAIT)
-            await wait_until(lambda: server.objects("resourceslices"), timeout=WAIT)
-        except BaseException:
-            print(agent.output())
-            raise
-        yield Node(server, agent, plugin, str(settings.metrics_address))
+async def node(scratch: Path) -> AsyncIterator[ServedNode]:
+    async with served_node(scratch, wait=WAIT) as served:
+        yield served
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
-async def prepare_error(node: Node, name: str, device: str = MISSING) -> str:
+async def prepare_error(node: ServedNode, name: str, device: str = MISSING) -> str:
     claim = allocate(node.server, name, [("gpu", GPU, device)])
     return (await node.plugin.prepare([claim]))[claim.uid].error
 
 
-async def test_a_failed_prepare_is_an_event_on_the_claim_and_repeats_are_its_series(node: Node) -> None:
+async def test_a_failed_prepare_is_an_event_on_the_claim_and_repeats_are_its_series(node: ServedNode) -> None:
     claim = allocate(node.server, "broken", [("gpu", GPU, MISSING)])
     assert (await node.plugin.prepare([claim]))[claim.uid].error == NOT_OURS
     await wait_until(lambda: node.claim_events("broken"), timeout=WAIT)
@@ -102,7 +67,7 @@ async def test_a_failed_prepare_is_an_event_on_the_claim_and_repeats_are_its_ser
     assert node.server.count_requests("POST", EVENTS) == 1
 
 
-async def test_failing_event_writes_leave_prepares_as_they_are(node: Node) -> None:
+async def test_failing_event_writes_leave_prepares_as_they_are(node: ServedNode) -> None:
     fault = node.server.fail("POST", EVENTS, 500, times=None)
     assert await prepare_error(node, "broken") == NOT_OURS
     assert await prepare_error(node, "fine", node.gpu()) == ""
@@ -117,7 +82,7 @@ async def test_failing_event_writes_leave_prepares_as_they_are(node: Node) -> No
     await wait_until(lambda: "events are written again" in node.agent.output(), timeout=WAIT)
 
 
-async def test_a_hanging_event_write_does_not_hold_up_prepares(node: Node) -> None:
+async def test_a_hanging_event_write_does_not_hold_up_prepares(node: ServedNode) -> None:
     node.server.delay("POST", EVENTS, 3600.0)
     assert await prepare_error(node, "broken") == NOT_OURS
     await wait_until(lambda: node.server.find_requests("POST", EVENTS), timeout=WAIT)

@@ -11,8 +11,6 @@ import signal
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -21,10 +19,14 @@ import pytest
 from agent.kube.names import is_dns_label, is_dns_subdomain, is_driver_name
 from backends.contract import ClaimRef
 from simulator.apiserver.faults import RequestRecord
-from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator
-from simulator.kubelet_connection import Plugin
-from tests.support.agent_env import NODE, AgentProcess, allocate, free_port, metrics_of, settings_for, wait_until
+from tests.support.agent_env import (
+    NODE,
+    ServedNode,
+    allocate,
+    metrics_of,
+    served_node,
+    wait_until,
+)
 from tests.support.timing import scaled
 
 GPU = "gpu.nvidia.com"
@@ -56,32 +58,10 @@ CLAIMS = "resourceclaims"
 SLICE_NAME = re.compile(r"[0-9a-f]{5,}-.*")
 
 
-@dataclass
-class Node:
-    server: TestApiServer
-    agent: AgentProcess
-    plugin: Plugin
-    metrics_address: str
-
-
 @pytest.fixture
-async def node(scratch: Path) -> AsyncIterator[Node]:
-    async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(TestApiServer())
-        server.add_node(NODE)
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "gke-g2-l4",
-                                log_level="info", metrics_address=f"127.0.0.1:{free_port()}")
-        agent = AgentProcess(settings)
-        await agent.start()
-        stack.push_async_callback(agent.stop)
-        kubelet = await stack.enter_async_context(KubeletSimulator(settings.registry_dir))
-        try:
-            plugin = await kubelet.wait_for_plugin(GPU, timeout=WAIT)
-            await wait_until(lambda: server.objects("resourceslices"), timeout=WAIT)
-        except BaseException:
-            print(agent.output())
-            raise
-        yield Node(server, agent, plugin, str(settings.metrics_address))
+async def node(scratch: Path) -> AsyncIterator[ServedNode]:
+    async with served_node(scratch, wait=WAIT) as served:
+        yield served
 
 
 def hostile_references() -> list[tuple[ClaimRef, str]]:
@@ -128,7 +108,7 @@ def request_object(record: RequestRecord, drivers: set[str]) -> tuple[str, ...]:
     raise AssertionError(f"{where}: not a path of an object the agent reads or writes")
 
 
-async def test_hostile_claim_references_steer_no_request(node: Node) -> None:
+async def test_hostile_claim_references_steer_no_request(node: ServedNode) -> None:
     gpu = next(s for s in node.server.objects("resourceslices") if s["spec"]["driver"] == GPU)["spec"]["devices"][0]
     fine = allocate(node.server, "fine", [("gpu", GPU, gpu["name"])])
     broken = allocate(node.server, "broken", [("gpu", GPU, MISSING)])

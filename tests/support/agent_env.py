@@ -294,3 +294,48 @@ def journal_entries(path: Path) -> dict[str, Any]:
         else:
             entries.pop(record["remove"], None)
     return entries
+
+
+@dataclass
+class ServedNode:
+    """`dra-agent run` serving a simulated node's GPUs, with the test API server, the kubelet simulator's connection
+    to its GPU driver and its metrics address."""
+
+    server: TestApiServer
+    agent: AgentProcess
+    plugin: Plugin
+    metrics_address: str
+
+    def gpu(self) -> str:
+        """The first GPU the agent published."""
+        name: str = self.server.objects("resourceslices")[0]["spec"]["devices"][0]["name"]
+        return name
+
+    def claim_events(self, claim: str) -> list[dict[str, Any]]:
+        return [e for e in self.server.events() if e["regarding"].get("name") == claim]
+
+    def metric(self, sample: str) -> float:
+        return metrics_of(self.metrics_address).get(sample, 0.0)
+
+
+@asynccontextmanager
+async def served_node(root: Path, profile: str = "gke-g2-l4", driver: str = "gpu.nvidia.com",
+                      wait: float = scaled(30.0)) -> AsyncIterator[ServedNode]:
+    """An agent process on `profile`, registered for `driver` with the kubelet simulator and its slices published;
+    stopped at the end. Its output is printed when the start fails."""
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(TestApiServer())
+        server.add_node(NODE)
+        settings = settings_for(root, server.write_kubeconfig(root / "kubeconfig"), profile,
+                                log_level="info", metrics_address=f"127.0.0.1:{free_port()}")
+        agent = AgentProcess(settings)
+        await agent.start()
+        stack.push_async_callback(agent.stop)
+        kubelet = await stack.enter_async_context(KubeletSimulator(settings.registry_dir))
+        try:
+            plugin = await kubelet.wait_for_plugin(driver, timeout=wait)
+            await wait_until(lambda: server.objects("resourceslices"), timeout=wait)
+        except BaseException:
+            print(agent.output())
+            raise
+        yield ServedNode(server, agent, plugin, str(settings.metrics_address))
