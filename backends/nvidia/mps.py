@@ -7,10 +7,11 @@ daemon's own output), and the folder its MPS server and clients share as /dev/sh
 claim gets the three at NVIDIA's default places (/tmp/nvidia-mps, /var/log/nvidia-mps, /dev/shm) and the two
 variables set to them.
 
-The daemon is a process of its own session, not tied to the agent's: it outlives a restart or upgrade of the agent,
-which finds it again by its pid (recorded by the launcher before anything else, `mps_launch`) and checks it is
-still the claim's daemon by its environment (its pipe directory names the claim). Stopping it asks it to quit
-through its pipe, and signals it after `QUIT_SECONDS`.
+The daemon is a process of its own session (and, when the agent runs in a pod, of a cgroup of its own:
+`mps_cgroup`), not tied to the agent's: it outlives a restart or upgrade of the agent, which finds it again by its
+pid (recorded by the launcher before anything else, `mps_launch`) and checks it is still the claim's daemon by its
+environment (its pipe directory names the claim). Stopping it asks it to quit through its pipe, and signals it
+after `QUIT_SECONDS`.
 
 Crash safety: the claim's entry in the journal `<state_dir>/mps-daemons.json` is written before the daemon starts
 (the intent), so unprepare, the rollback of a prepare a crash cut short and `reconcile` at start always know of a
@@ -40,6 +41,8 @@ from backends.failpoints import failpoint
 from backends.journal import Journal
 from backends.nvidia.config import MpsConfig
 from backends.nvidia.driver_root import DriverRoot
+from backends.nvidia.mps_cgroup import in_own_pid_namespace, remove_cgroups
+from backends.nvidia.mps_launch import CGROUPS_RECORD
 from cdi.spec import ContainerEdits, Mount
 
 __all__ = ["CONTROL_PROGRAM", "MpsDaemons", "MpsGpu", "control_program", "daemon_pid"]
@@ -125,6 +128,7 @@ class MpsDaemons:
         self._log = log
         self._children: set[int] = set()  # pids of the daemons this process started: it reaps them
         self._lock = threading.Lock()  # the journal has one user at a time; worker threads share it
+        self._warned = False
 
     def folder(self, claim: str) -> Path:
         assert self.root is not None
@@ -160,6 +164,10 @@ class MpsDaemons:
         entry = {"claim": claim, "devices": [g.device for g in gpus], "uuids": [g.uuid for g in gpus],
                  "commands": lines, "program": str(program),
                  "libraryDir": str(library_dir) if library_dir is not None else None}
+        if not self._warned and in_own_pid_namespace():
+            self._warned = True
+            self._log.warning("MPS control daemons run in the agent's PID namespace and end with it: give the agent's "
+                              "pod hostPID so that they outlive it", claim=claim)
         with self._lock:
             self._journal.put(claim, entry)  # the intent: from here on a daemon may run
         failpoint("mps-after-intent")
@@ -282,6 +290,7 @@ class MpsDaemons:
             shutil.rmtree(folder / "pipe", ignore_errors=True)
             shutil.rmtree(folder / "shm", ignore_errors=True)
             shutil.rmtree(folder / "log", ignore_errors=True)
+            remove_cgroups(folder / CGROUPS_RECORD)
             (folder / "daemon.pid").unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
         _lock_file(folder).unlink(missing_ok=True)
@@ -319,6 +328,7 @@ class MpsDaemons:
                 deadline = time.monotonic() + _TERM_SECONDS
                 while daemon_pid(folder / "pipe") is not None and time.monotonic() < deadline:
                     time.sleep(0.02)
+        remove_cgroups(folder / CGROUPS_RECORD)
         shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:

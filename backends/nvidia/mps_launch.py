@@ -2,6 +2,7 @@
 
 Run by `backends.nvidia.mps` in a session of its own, this process writes its own pid to PIDFILE (so the agent knows
 the daemon's pid even when it crashes right after starting it: the pid stays the same through `exec`), moves into a
+cgroup of the claim's own when the agent runs in a pod's (`mps_cgroup`: so that the daemon outlives the pod), into a
 private mount namespace with the claim's SHM folder bound at /dev/shm (the MPS server and its clients, the claim's
 containers, which get the same folder at /dev/shm, meet in shared memory there; not when the daemon's own files
 lie below /dev/shm, which the folder would hide), and becomes PROGRAM
@@ -14,11 +15,16 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from pathlib import Path
 
-__all__ = ["SHM_KEPT", "main"]
+from backends.nvidia.mps_cgroup import leave_pod_cgroup, unshare_mounts
 
-_CLONE_NEWNS = 0x00020000
-_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+__all__ = ["CGROUPS_RECORD", "SHM_KEPT", "main"]
+
+CGROUPS_RECORD = "cgroups"
+"""The file beside the pid file that lists the cgroups made for the daemon."""
+
+_MS_BIND = 0x1000
 _SHM = "/dev/shm"
 SHM_KEPT = "the claim's shm folder is not bound at /dev/shm"
 
@@ -30,11 +36,8 @@ def _check(result: int, what: str) -> None:
 
 
 def bind_shm(shm: str) -> None:
-    """This process's own mount namespace, in which `shm` is /dev/shm."""
+    """`shm` at /dev/shm, in this process's own mount namespace (`unshare_mounts`)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    _check(libc.unshare(_CLONE_NEWNS), "cannot make a mount namespace of its own")
-    # Nothing mounted here goes back to the host's namespace.
-    _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "cannot make its mounts private")
     _check(libc.mount(shm.encode(), _SHM.encode(), None, _MS_BIND, None), f"cannot bind {shm} at {_SHM}")
 
 
@@ -54,7 +57,14 @@ def main(argv: list[str]) -> int:
     with open(temp, "w") as f:
         f.write(f"{os.getpid()}\n")
     os.replace(temp, pidfile)
+    folder = Path(pidfile).parent
     try:
+        # Nothing mounted from here on goes back to the agent's namespace.
+        unshare_mounts()
+        try:
+            leave_pod_cgroup(folder.name, folder / CGROUPS_RECORD)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot leave the agent pod's cgroup: {e.strerror}") from None
         hidden = _below_shm(program, os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""),
                             os.environ.get("CUDA_MPS_LOG_DIRECTORY", ""))
         if hidden:
