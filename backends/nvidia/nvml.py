@@ -16,6 +16,7 @@ from __future__ import annotations
 import _ctypes
 import ctypes
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ __all__ = [
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
 _T = TypeVar("_T")
+_RETRY_PAUSES = (0.05, 0.2, 0.5)
+"""Seconds before asking NVML again about a GPU whose queries failed (not lost): one in the middle of a change of
+driver (handed back from vfio-pci) answers Invalid Argument for a moment, and a discovery that left it out would
+not look at it again until the next hot-plug event."""
 
 _ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
                   8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
@@ -226,21 +231,37 @@ class GpuProblem:
     mig_enabled: bool | None
     message: str
     lost: bool = False  # NVML says the GPU is lost (fallen off the bus): it is still there, unusable until reset
+    transient: bool = False  # an NVML error that asking again may not meet
 
 
 def list_gpus() -> tuple[list[GpuInfo], list[GpuProblem]]:
-    """Every GPU NVML sees; a GPU whose queries fail is left out and described in the returned problems."""
+    """Every GPU NVML sees; a GPU whose queries fail (again after `_RETRY_PAUSES`, unless it is lost or its
+    topology unreadable) is left out and described in the returned problems."""
     count = _call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
     gpus: list[GpuInfo] = []
     problems: list[GpuProblem] = []
     for index in range(count):
-        mig_mode: list[bool] = []  # filled as soon as the MIG mode is known, so the owner reports the fault
-        try:
-            gpus.append(_gpu(index, mig_mode))
-        except (NvmlError, TopologyError) as e:
-            lost = isinstance(e, NvmlError) and e.code == pynvml.NVML_ERROR_GPU_IS_LOST
-            problems.append(GpuProblem(index, mig_mode[0] if mig_mode else None, f"GPU {index}: {e}; left out", lost))
+        found = _describe(index)
+        for pause in _RETRY_PAUSES:
+            if not isinstance(found, GpuProblem) or not found.transient:
+                break
+            time.sleep(pause)
+            found = _describe(index)
+        if isinstance(found, GpuProblem):
+            problems.append(found)
+        else:
+            gpus.append(found)
     return gpus, problems
+
+
+def _describe(index: int) -> GpuInfo | GpuProblem:
+    mig_mode: list[bool] = []  # filled as soon as the MIG mode is known, so the owner reports the fault
+    try:
+        return _gpu(index, mig_mode)
+    except (NvmlError, TopologyError) as e:
+        lost = isinstance(e, NvmlError) and e.code == pynvml.NVML_ERROR_GPU_IS_LOST
+        return GpuProblem(index, mig_mode[0] if mig_mode else None, f"GPU {index}: {e}; left out", lost,
+                          transient=isinstance(e, NvmlError) and not lost)
 
 
 def _gpu(index: int, mig_mode: list[bool]) -> GpuInfo:
