@@ -267,7 +267,7 @@ def _condition(condition: Mapping[str, Any], at: str, errors: FieldErrors) -> No
         errors.unsupported(f"{at}.status", status, CONDITION_STATUSES)
     generation = condition.get("observedGeneration")
     if isinstance(generation, int) and generation < 0:
-        errors.add(f"{at}.observedGeneration", f"Invalid value: {generation}: must be greater than or equal to zero")
+        errors.invalid(f"{at}.observedGeneration", generation, "must be greater than or equal to zero")
     if condition.get("lastTransitionTime") is None:
         errors.required(f"{at}.lastTransitionTime")
     reason = condition.get("reason")

@@ -24,16 +24,19 @@ _SHOWN = 80  # characters of a refused value the agent's own words show
 _SHOWN_BY_SERVER = 200  # ... and those the server's words show (it shows whole values; ours are cut for the log)
 
 
+def _json(value: Any, limit: int) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def show(value: Any) -> str:
     """A refused value as the agent's own words show it: JSON, cut to 80 characters."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+    return _json(value, _SHOWN)
 
 
 def shown_as_server(value: Any) -> str:
     """A refused value as the server's `Invalid value` shows it: JSON (cut to 200 characters for the log)."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= _SHOWN_BY_SERVER else text[: _SHOWN_BY_SERVER - 3] + "..."
+    return _json(value, _SHOWN_BY_SERVER)
 
 
 class FieldErrors(list[str]):
