@@ -11,8 +11,10 @@ What the overlay changes, and why:
   address is the node's, 127.0.0.1); `--host-netns=off`, as the agent already runs in the host's namespace;
 - the host folders: the kubelet's plugin folders of this node's kubelet (below the cluster's folder, mounted at
   their host paths, as the DaemonSet mounts /var/lib/kubelet's: the kubelet dials the socket paths the agent
-  reports), the CDI folder this node's containerd reads, a state folder of the run's, and the simulated node's
-  root, sysfs and /dev in place of the machine's `/`, `/sys` and `/dev`;
+  reports), the CDI folder this node's containerd reads, the state folder (the caller's choice: below the
+  simulated node's root, where `--cdi-host-root` expects every host path a CDI spec names, when claims' specs
+  name folders of the state, as an MPS daemon's), and the simulated node's root, sysfs and /dev in place of the
+  machine's `/`, `/sys` and `/dev`;
 - `--cdi-host-root`: containerd on this machine finds the simulated node's /dev entries and driver files below its
   root (docs/running.md);
 - the update strategy: the old pod goes before the new one starts (`maxSurge: 0`, `maxUnavailable: 1`, the

@@ -16,7 +16,6 @@ import filecmp
 import os
 import platform
 import shutil
-import sys
 from pathlib import Path
 
 from backends.nvidia.ldcache import abi_flags
@@ -88,9 +87,11 @@ def install_driver(root: Path, spec: NvidiaDriverSpec, gpu_minors: list[int], *,
 
 def install_mps_control(droot: Path) -> None:
     """The simulated `nvidia-cuda-mps-control` (`simulator.node.mps_control`) in the driver root's usr/bin, run by
-    this Python; replaced atomically, so a node kept across versions of the simulator gets the current one."""
+    the `python3` of the PATH it is started with (it needs only the standard library: the agent's container has
+    its own Python, at another path than the host's); replaced atomically, so a node kept across versions of the
+    simulator gets the current one."""
     program = droot / "usr/bin" / MPS_CONTROL
-    text = f"#!{sys.executable}\n" + Path(mps_control.__file__).read_text()
+    text = "#!/usr/bin/env python3\n" + Path(mps_control.__file__).read_text()
     if program.is_file() and program.read_text() == text:
         return
     temp = program.with_name(f".{program.name}.tmp")

@@ -485,6 +485,12 @@ def test_pod_keeps_its_network_namespace_and_watches_kernel_uevents() -> None:
     assert settings.host_netns == "auto" and str(settings.host_root) != "/"
 
 
+def test_pod_shares_the_hosts_pid_namespace_for_mps_daemons() -> None:
+    """docs/deploy.md, "Rolling updates": a claim's MPS daemon outlives the agent's pod only outside a PID namespace
+    of the pod's own, which ends with it."""
+    assert _pod_spec().get("hostPID") is True
+
+
 def test_security_context() -> None:
     container = _container()
     security = container["securityContext"]

@@ -150,19 +150,22 @@ def _served_node(root: Path, profile: str) -> Iterator[Path]:
 
 
 @asynccontextmanager
-async def agent_daemonset(cluster: RealCluster, root: Path, image: AgentImage,
-                          profile: str = "dgx-h100") -> AsyncIterator[AgentDaemonSet]:
-    """deploy/'s DaemonSet applied through the node's overlay, on a simulated node under `root` served from here;
-    returns once its pod is Ready. Deleted at the end, with its pod."""
+async def agent_daemonset(cluster: RealCluster, root: Path, image: AgentImage, profile: str = "dgx-h100", *,
+                          env: dict[str, str] | None = None) -> AsyncIterator[AgentDaemonSet]:
+    """deploy/'s DaemonSet applied through the node's overlay (`env` added to the agent's environment), on a
+    simulated node under `root` served from here; returns once its pod is Ready. Deleted at the end, with its
+    pod."""
     worker = cluster.worker
     assert worker is not None and worker.kubelet is not None, "the cluster's node runs no kubelet"
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
     kubectl = cluster.kubectl
     with _served_node(root, profile) as sim_root, stand_in_aside(kubectl):
+        # The state in the simulated node's /var/lib/dra-agent, as deploy/ mounts the host's: an MPS daemon's
+        # folders, which its claim's CDI spec names, are below the node's root as the runtime expects.
         folders = NodeFolders(sim_root, worker.kubelet.registry_dir, worker.kubelet.plugins_dir, worker.cdi_dir,
-                              root / "state")
+                              sim_root / "var/lib/dra-agent")
         daemonset = AgentDaemonSet(cluster, folders, free_port())
-        overlay = write_overlay(root / "overlay", image.name, folders, daemonset.metrics_port)
+        overlay = write_overlay(root / "overlay", image.name, folders, daemonset.metrics_port, extra_env=env)
         rendered = yaml.safe_load_all(await cluster.run("kustomize", str(overlay)))
         await cluster.apply([o for o in rendered if o and o["kind"] == "DaemonSet"])
         try:
