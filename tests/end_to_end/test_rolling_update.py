@@ -27,6 +27,7 @@ from backends.contract import ClaimRef
 from simulator.kubelet_connection import KubeletError, Plugin
 from simulator.nvml.control import request
 from tests.support.agent_env import allocate, journal_entries, wait_until
+from tests.support.checkpoint_journal import journal_histories
 from tests.support.surge_env import Surge, both_registered, made_on_node, surge_env
 from tests.support.timing import scaled
 
@@ -185,6 +186,14 @@ async def _update_with_claims_in_flight(run: Surge, moment: str, ending: signal.
         made, undone = binds.get(f"{bus_id} bind vfio-pci", 0), binds.get(f"{bus_id} unbind vfio-pci", 0)
         assert made == undone >= 1, f"{bus_id}: bound to vfio-pci {made} times, handed back {undone} times"
     state = run.new.settings.state_dir
+    # Each claim's preparation was begun once, or rolled back (begun by the old agent when it was killed) and begun
+    # again by the new one: never begun again once completed, as a new agent that did not read what the old one
+    # recorded in their shared checkpoint would.
+    histories = {**journal_histories(state, GPU), **journal_histories(state, NIC)}
+    once, rolled_back = ["started", "completed", "removed"], ["started", "removed", "started", "completed", "removed"]
+    for name, ref in {**claims, **more}.items():
+        allowed = [once] if name in prepared or name in more else [once, rolled_back]
+        assert histories.get(ref.uid) in allowed, f"{name}: {histories.get(ref.uid)}"
     for driver in (GPU, NIC):
         checkpoint = Checkpoint(state / driver / "checkpoint.journal", "", driver=driver)
         checkpoint.refresh()

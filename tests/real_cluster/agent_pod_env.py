@@ -32,8 +32,9 @@ from cluster.mounts import unmount_below
 from simulator.node.node import simulated_node
 from simulator.node.variants import with_char_devices
 from tests.real_cluster.cluster_env import AGENT_NAMESPACE, NODE, KubectlError, RealCluster, poll
-from tests.real_cluster.node_env import journal_histories, stand_in_aside
+from tests.real_cluster.node_env import stand_in_aside
 from tests.support.agent_env import free_port
+from tests.support.checkpoint_journal import journal_histories
 from tests.support.timing import scaled
 
 __all__ = ["AgentDaemonSet", "agent_daemonset"]

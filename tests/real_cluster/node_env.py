@@ -32,9 +32,10 @@ from simulator.node.variants import with_char_devices
 from tests.real_cluster.cluster_env import AGENT_NAMESPACE, GPU, NODE, KubectlError, RealCluster, agent_ready, poll
 from tests.real_cluster.objects import pod
 from tests.support.agent_env import AgentProcess, free_port, settings_for
+from tests.support.checkpoint_journal import journal_histories
 from tests.support.timing import scaled
 
-__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "journal_histories", "node_image",
+__all__ = ["AgentOnRealNode", "agent_on_real_node", "finished_pod_log", "node_image",
            "reported", "reporter", "running_pod", "sleeper", "stand_in_aside", "start_agent_stand_in"]
 
 _AGENT_LABELS = {"app.kubernetes.io/name": "dra-agent"}
@@ -67,20 +68,6 @@ def stand_in_aside(kubectl: Kubectl) -> Iterator[None]:
         yield
     finally:
         kubectl.run("label", "pod", _STAND_IN, "-n", AGENT_NAMESPACE, "--overwrite", f"{label}={_AGENT_LABELS[label]}")
-
-
-def journal_histories(state_dir: Path, driver: str) -> dict[str, list[str]]:
-    """What the driver's checkpoint journal in `state_dir` recorded of each claim, in order (see
-    `AgentOnRealNode.histories`)."""
-    journal = state_dir / driver / "checkpoint.journal"
-    histories: dict[str, list[str]] = {}
-    for line in journal.read_text().splitlines() if journal.exists() else []:
-        record = json.loads(line.partition(" ")[2])
-        if record.get("op") == "claim":
-            histories.setdefault(record["claim"]["uid"], []).append(record["claim"]["state"])
-        elif record.get("op") == "removed":
-            histories.setdefault(record["uid"], []).append("removed")
-    return histories
 
 
 @dataclass
