@@ -5,10 +5,12 @@ only what this node has elsewhere than a real node changed.
 What the overlay changes, and why:
 
 - the image: the one imported on the node, `imagePullPolicy: Never` (no registry);
-- `hostNetwork`: the node's only CNI plugin is `loopback`, so a pod of its own network namespace cannot start
-  (docs/real-cluster.md). The metrics endpoint then listens in the host's namespace: on 127.0.0.1 and a port
-  picked for the run instead of every address's 9477, and the probes reach it there (a host-network pod's
-  address is the node's, 127.0.0.1); `--host-netns=off`, as the agent already runs in the host's namespace;
+- `hostNetwork`: a pod of its own network namespace gets only an `eth0` that reaches nothing on this node
+  (cluster/runtime.py), so the kubelet's probes could not reach it, nor could the agent reach the API server at
+  its loopback address, which is the pod's own there (docs/real-cluster.md). The metrics endpoint
+  then listens in the host's namespace: on 127.0.0.1 and a port picked for the run instead of every address's
+  9477, and the probes reach it there (a host-network pod's address is the node's, 127.0.0.1); `--host-netns=off`,
+  as the agent already runs in the host's namespace;
 - the host folders: the kubelet's plugin folders of this node's kubelet (below the cluster's folder, mounted at
   their host paths, as the DaemonSet mounts /var/lib/kubelet's: the kubelet dials the socket paths the agent
   reports), the CDI folder this node's containerd reads, the state folder (the caller's choice: below the

@@ -9,10 +9,14 @@ defaults, and why:
 - the sandbox (pause) image is the one made here (`cluster.images`), pinned, so the image garbage collector of the
   kubelet keeps it; no registry is configured and none is reachable;
 - runc and the shim are the ones `cluster/build.sh` built, named by path; cgroups by cgroupfs (no systemd here);
-- CNI: Debian's plugins (/usr/lib/cni) and a configuration whose one plugin is `loopback`. Its presence is what
-  makes containerd report NetworkReady, which the kubelet waits for; pods use the host's network, for which
-  containerd runs no CNI plugin. A pod in a network namespace of its own would get only `lo` there, and containerd
-  refuses such a sandbox (it wants an `eth0` in the plugin's answer): the tier's pods run with `hostNetwork`;
+- CNI: one configuration, Debian's `loopback` (/usr/lib/cni) and then the node's own plugin (`cluster.cni_dummy`,
+  run by a wrapper script in the plugin folder `cni-bin` below the node's folder, with this Python). A configuration
+  is what makes containerd report NetworkReady, which the kubelet waits for. A pod with `hostNetwork` uses the
+  host's network, for which containerd runs no plugin; a pod in a network namespace of its own gets `lo` up and an
+  `eth0` that is a `dummy` (or `ifb`) link with an address in 127.100.0.0/16: containerd refuses a sandbox whose
+  plugins' answer names no `eth0` with an address. The link drops what it is sent, so such a pod reaches nothing
+  and nothing reaches it, and nothing changes in the machine's network namespace; runc can move a host interface
+  into it (CDI `netDevices`), which it cannot into a host-network pod;
 - `restrict_oom_score_adj`: the project's machines run every process without CAP_SYS_RESOURCE, so none may lower
   its OOM score adjustment below what it inherited; runc would fail to start the sandbox, to which the kubelet
   gives -998 ("failed to update /proc/self/oom_score_adj: Permission denied"). containerd then raises any lower
@@ -30,13 +34,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster import HERE
+from cluster.cni_dummy import PLUGIN
 from cluster.mounts import unmount_below
 from cluster.processes import Component, ComponentFailed
 
@@ -45,7 +53,15 @@ __all__ = ["CNI_PLUGINS", "Containerd"]
 CNI_PLUGINS = Path("/usr/lib/cni")
 """Where Debian's containernetworking-plugins package puts the plugins."""
 
-_CNI_CONFIG = {"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}
+_CNI_CONFIG = {"cniVersion": "1.0.0", "name": "dra-node", "plugins": [{"type": "loopback"}, {"type": PLUGIN}]}
+_CNI_CONFIG_FILE = "10-dra-node.conflist"
+
+
+def _plugin_wrapper() -> str:
+    """The node's CNI plugin as an executable: this Python (which has pyroute2) running `cluster.cni_dummy` from
+    this checkout, with containerd's environment (the `CNI_*` variables) and stdin."""
+    return (f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(HERE.parent))} exec {shlex.quote(sys.executable)} "
+            f"-m cluster.cni_dummy \"$@\"\n")
 
 
 def _toml_string(value: str | Path) -> str:
@@ -73,6 +89,11 @@ class Containerd:
     def endpoint(self) -> str:
         """The CRI endpoint, as the kubelet and crictl name it."""
         return f"unix://{self.socket}"
+
+    @property
+    def cni_bin(self) -> Path:
+        """The plugin folder of the node's own CNI plugin."""
+        return self.folder / "cni-bin"
 
     @property
     def log(self) -> Path:
@@ -122,7 +143,7 @@ imports = []
   Root = {_toml_string(f / "runc")}
   SystemdCgroup = false
 [plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = [{_toml_string(CNI_PLUGINS)}]
+  bin_dirs = [{_toml_string(self.cni_bin)}, {_toml_string(CNI_PLUGINS)}]
   conf_dir = {_toml_string(f / "cni")}
 
 [plugins.'io.containerd.grpc.v1.cri']
@@ -136,10 +157,10 @@ imports = []
         runtime and the network ready."""
         if not (CNI_PLUGINS / "loopback").is_file():
             raise ComponentFailed(f"containerd: no CNI plugins in {CNI_PLUGINS} (Debian: containernetworking-plugins)")
-        for sub in ("cni", "s", "opt", "runc"):
+        for sub in ("s", "opt", "runc"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
-        (self.folder / "cni" / "10-loopback.conflist").write_text(json.dumps(_CNI_CONFIG))
+        self.write_cni()
         config = self.folder / "config.toml"
         config.write_text(self.config())
         # The shim finds runc by the configured path; PATH names the built binaries for anything else it runs.
@@ -148,6 +169,16 @@ imports = []
                                    self.log, env=env)
         self.component.start()
         self._wait_ready(timeout)
+
+    def write_cni(self) -> None:
+        """The network configuration and the node's own plugin, as containerd finds them (`cni` and `cni-bin` below
+        the folder)."""
+        for folder in (self.folder / "cni", self.cni_bin):
+            folder.mkdir(parents=True, exist_ok=True)
+        plugin = self.cni_bin / PLUGIN
+        plugin.write_text(_plugin_wrapper())
+        plugin.chmod(0o755)
+        (self.folder / "cni" / _CNI_CONFIG_FILE).write_text(json.dumps(_CNI_CONFIG))
 
     def _wait_ready(self, timeout: float) -> None:
         assert self.component is not None

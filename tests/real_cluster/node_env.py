@@ -177,10 +177,12 @@ def node_image(cluster: RealCluster) -> str:
     return cluster.worker.busybox
 
 
-def sleeper(cluster: RealCluster, namespace: str, name: str, claims: dict[str, str]) -> dict[str, Any]:
-    """A pod that runs until deleted. Its deletion is graceful (a second), so the kubelet ends it and lets it go:
-    a pod whose grace period is 0 is removed from the API at once, before the kubelet has even stopped it."""
-    made = pod(namespace, name, claims=claims, image=node_image(cluster), host_network=True,
+def sleeper(cluster: RealCluster, namespace: str, name: str, claims: dict[str, str], *,
+            host_network: bool = True) -> dict[str, Any]:
+    """A pod that runs until deleted, in the host's network namespace unless `host_network` is False (then in one
+    of its own, see cluster/runtime.py). Its deletion is graceful (a second), so the kubelet ends it and lets it
+    go: a pod whose grace period is 0 is removed from the API at once, before the kubelet has even stopped it."""
+    made = pod(namespace, name, claims=claims, image=node_image(cluster), host_network=host_network,
                command=["sleep", "2147483647"])
     made["spec"]["terminationGracePeriodSeconds"] = 1
     return made
@@ -210,9 +212,10 @@ async def reported(cluster: RealCluster, namespace: str, name: str, *, timeout: 
     return log
 
 
-def reporter(cluster: RealCluster, namespace: str, name: str, claims: dict[str, str], script: str) -> dict[str, Any]:
+def reporter(cluster: RealCluster, namespace: str, name: str, claims: dict[str, str], script: str, *,
+             host_network: bool = True) -> dict[str, Any]:
     """A pod with `claims` that runs the shell `script` and then sleeps until deleted (see `reported`)."""
-    made = sleeper(cluster, namespace, name, claims)
+    made = sleeper(cluster, namespace, name, claims, host_network=host_network)
     made["spec"]["containers"][0]["command"] = ["sh", "-c", f"{script}; echo {_DONE}; exec sleep 2147483647"]
     return made
 

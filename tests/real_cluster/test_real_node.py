@@ -1,16 +1,19 @@
 """The node as a kubelet runs it: the real kubelet and containerd on node 127.0.0.1, Ready; a pod's output read back
-with `kubectl logs`; the agent registered through the kubelet's plugin watcher with the DRA service version the
-kubelet chose; a pod with a GPU claim prepared by the agent, its device nodes, driver files and CDI environment
-inside the container."""
+with `kubectl logs`; a pod in a network namespace of its own; the agent registered through the kubelet's plugin
+watcher with the DRA service version the kubelet chose; a pod with a GPU claim prepared by the agent, its device
+nodes, driver files and CDI environment inside the container."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 from pathlib import Path
 
 import pytest
 
+from cluster.cni_dummy import POD_NETWORK
 from tests.real_cluster.cluster_env import GPU, NODE, RealCluster, poll
 from tests.real_cluster.node_env import agent_on_real_node, finished_pod_log, node_image
 from tests.real_cluster.objects import claim, exactly, pod
@@ -44,6 +47,25 @@ async def test_a_pod_runs_and_its_output_is_read_back(real_node: RealCluster) ->
     assert f"hello from {os.uname().nodename}" in log, log
     # The in-cluster address every pod is given is the API server's on loopback, not the Service's.
     assert f"api at 127.0.0.1:{real_node.plane.api_port}" in log, log
+
+
+async def test_a_pod_of_its_own_network_namespace_gets_an_eth0_that_reaches_nothing(real_node: RealCluster) -> None:
+    """The node's CNI plugin (cluster/cni_dummy.py) gives such a pod `lo` and an `eth0` with an address in
+    127.100.0.0/16, which the pod's status reports, and changes nothing in the machine's network namespace."""
+    before = set(socket.if_nameindex())
+    ns = await real_node.namespace("netns")
+    await real_node.apply(pod(ns, "own", image=node_image(real_node), command=[
+        "sh", "-c", "echo $(ls /sys/class/net); ip -o -4 addr show eth0; ip -o link show eth0"]))
+    phase, log = await finished_pod_log(real_node, ns, "own")
+    assert phase == "Succeeded", log
+    names, address, link = log.splitlines()[:3]
+    assert sorted(names.split()) == ["eth0", "lo"], log
+    found = await real_node.get("pod", "own", "-n", ns)
+    pod_ip = ipaddress.IPv4Address(found["status"]["podIP"])
+    assert pod_ip in POD_NETWORK, found["status"]
+    assert f" inet {pod_ip}/32 " in address, log
+    assert "UP" in link.split("<")[1].split(">")[0].split(","), log
+    assert set(socket.if_nameindex()) == before, "the machine's links changed"
 
 
 async def test_the_kubelet_registers_the_agent_with_the_newest_services(real_node: RealCluster,
