@@ -6,24 +6,18 @@ fails nor holds up a prepare (the entry comes once it recovers), a restarted age
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from simulator.apiserver.resources import RESOURCE_CLAIMS
-from simulator.apiserver.server import TestApiServer
-from simulator.kubelet import KubeletSimulator
-from simulator.kubelet_connection import Plugin
 from tests.support.agent_env import (
     NODE,
     AgentProcess,
+    ServedNode,
     allocate,
-    free_port,
-    metrics_of,
     plugin_after_restart,
-    settings_for,
+    served_node,
     wait_until,
 )
 from tests.support.timing import scaled
@@ -34,52 +28,18 @@ WAIT = scaled(30.0)
 """Seconds an outcome may take on a loaded machine (an agent process starts, a retry comes round)."""
 
 
-@dataclass
-class Node:
-    server: TestApiServer
-    agent: AgentProcess
-    kubelet: KubeletSimulator
-    plugin: Plugin
-    metrics_address: str
-
-    def gpu(self) -> str:
-        name: str = self.server.objects("resourceslices")[0]["spec"]["devices"][0]["name"]
-        return name
-
-    def entries(self, claim: str) -> list[dict[str, Any]]:
-        obj = self.server.get_object("resourceclaims", claim) or {}
-        entries: list[dict[str, Any]] = (obj.get("status") or {}).get("devices") or []
-        return entries
-
-    def drivers(self, claim: str) -> list[str]:
-        return [e["driver"] for e in self.entries(claim)]
-
-    def metric(self, sample: str) -> float:
-        return metrics_of(self.metrics_address).get(sample, 0.0)
+def entries(node: ServedNode, claim: str) -> list[dict[str, Any]]:
+    """The claim's `status.devices` entries, as the test API server stores them."""
+    obj = node.server.get_object("resourceclaims", claim) or {}
+    found: list[dict[str, Any]] = (obj.get("status") or {}).get("devices") or []
+    return found
 
 
-@asynccontextmanager
-async def running(scratch: Path, **extra: Any) -> AsyncIterator[Node]:
-    async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(TestApiServer())
-        server.add_node(NODE)
-        address = f"127.0.0.1:{free_port()}"
-        settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "gke-g2-l4",
-                                log_level="info", metrics_address=address, **extra)
-        agent = AgentProcess(settings)
-        await agent.start()
-        stack.push_async_callback(agent.stop)
-        kubelet = await stack.enter_async_context(KubeletSimulator(settings.registry_dir))
-        try:
-            plugin = await kubelet.wait_for_plugin(GPU, timeout=WAIT)
-            await wait_until(lambda: server.objects("resourceslices"), timeout=WAIT)
-            yield Node(server, agent, kubelet, plugin, address)
-        except BaseException:
-            print(agent.output())
-            raise
+def drivers(node: ServedNode, claim: str) -> list[str]:
+    return [e["driver"] for e in entries(node, claim)]
 
 
-def other_driver_applies(node: Node, claim: str, entries: list[dict[str, Any]]) -> None:
+def other_driver_applies(node: ServedNode, claim: str, entries: list[dict[str, Any]]) -> None:
     """Another DRA driver's server-side apply of its entries on the claim."""
     obj = node.server.get_object("resourceclaims", claim)
     assert obj is not None
@@ -97,7 +57,7 @@ async def until(predicate: Callable[[], object]) -> None:
 
 
 async def test_prepare_writes_our_entry_beside_another_drivers_and_unprepare_removes_it(scratch: Path) -> None:
-    async with running(scratch) as node:
+    async with served_node(scratch, wait=WAIT) as node:
         gpu = node.gpu()
         claim = allocate(node.server, "mixed", [("gpu", GPU, gpu), ("nic", OTHER, "eth-1")])
         theirs = {"driver": OTHER, "pool": NODE, "device": "eth-1", "networkData": {"interfaceName": "eth1"},
@@ -106,23 +66,23 @@ async def test_prepare_writes_our_entry_beside_another_drivers_and_unprepare_rem
         other_driver_applies(node, "mixed", [theirs])
 
         assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
-        await until(lambda: node.drivers("mixed") == [OTHER, GPU])
-        ours = node.entries("mixed")[1]
+        await until(lambda: drivers(node, "mixed") == [OTHER, GPU])
+        ours = entries(node, "mixed")[1]
         assert (ours["pool"], ours["device"]) == (NODE, gpu) and ready(ours)
         assert ours["conditions"][0]["reason"] == "DevicePrepared"
         assert isinstance(ours.get("data", {}), dict), "the device's facts, when its backend gives any"
-        assert node.entries("mixed")[0] == theirs
+        assert entries(node, "mixed")[0] == theirs
         stored = node.server.get_object("resourceclaims", "mixed") or {}
         assert {m["manager"] for m in stored["metadata"]["managedFields"]} == {OTHER, GPU}
 
         await node.plugin.unprepare_or_raise([claim])
-        await until(lambda: node.drivers("mixed") == [OTHER])
-        assert node.entries("mixed") == [theirs]
+        await until(lambda: drivers(node, "mixed") == [OTHER])
+        assert entries(node, "mixed") == [theirs]
         assert node.metric(f'dra_agent_claim_status_writes_total{{driver="{GPU}",outcome="ok"}}') >= 2
 
 
 async def test_failing_status_writes_neither_fail_nor_hold_up_prepares(scratch: Path) -> None:
-    async with running(scratch) as node:
+    async with served_node(scratch, wait=WAIT) as node:
         gpu = node.gpu()
         hang = node.server.delay("PATCH", STATUS, 3600.0)
         slow = allocate(node.server, "slow", [("gpu", GPU, gpu)])
@@ -140,17 +100,17 @@ async def test_failing_status_writes_neither_fail_nor_hold_up_prepares(scratch: 
         await node.plugin.unprepare_or_raise([slow])
         assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
         await until(lambda: fault.exhausted)
-        await until(lambda: node.drivers("failing") == [GPU] and ready(node.entries("failing")[0]))
+        await until(lambda: drivers(node, "failing") == [GPU] and ready(entries(node, "failing")[0]))
         assert node.metric(f'dra_agent_claim_status_writes_total{{driver="{GPU}",outcome="error"}}') >= 3
         await until(lambda: "cannot write the claim's status; trying again" in node.agent.output())
 
 
 async def test_a_restarted_agent_applies_the_status_again(scratch: Path) -> None:
-    async with running(scratch) as node:
+    async with served_node(scratch, wait=WAIT) as node:
         claim = allocate(node.server, "kept", [("gpu", GPU, node.gpu())])
         assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
-        await until(lambda: node.drivers("kept") == [GPU])
-        since = node.entries("kept")[0]["conditions"][0]["lastTransitionTime"]
+        await until(lambda: drivers(node, "kept") == [GPU])
+        since = entries(node, "kept")[0]["conditions"][0]["lastTransitionTime"]
         await node.agent.stop()
         node.server.clear_requests()
         second = AgentProcess(node.agent.settings)
@@ -158,7 +118,7 @@ async def test_a_restarted_agent_applies_the_status_again(scratch: Path) -> None
             await second.start()
             await plugin_after_restart(node.kubelet, node.plugin)
             await until(lambda: node.server.find_requests("PATCH", STATUS, status=200))
-            assert node.entries("kept")[0]["conditions"][0]["lastTransitionTime"] == since
+            assert entries(node, "kept")[0]["conditions"][0]["lastTransitionTime"] == since
             # An entry lost meanwhile comes back at the next start.
             obj = node.server.get_object("resourceclaims", "kept")
             assert obj is not None
@@ -169,7 +129,7 @@ async def test_a_restarted_agent_applies_the_status_again(scratch: Path) -> None
             third = AgentProcess(node.agent.settings)
             await third.start()
             try:
-                await until(lambda: node.drivers("kept") == [GPU])
+                await until(lambda: drivers(node, "kept") == [GPU])
             finally:
                 await third.stop()
         finally:
@@ -177,21 +137,21 @@ async def test_a_restarted_agent_applies_the_status_again(scratch: Path) -> None
 
 
 async def test_no_claim_status_writes_nothing(scratch: Path) -> None:
-    async with running(scratch, claim_status=False) as node:
+    async with served_node(scratch, wait=WAIT, claim_status=False) as node:
         claim = allocate(node.server, "quiet", [("gpu", GPU, node.gpu())])
         assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
         await node.plugin.unprepare_or_raise([claim])
         assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
-        assert node.server.find_requests("PATCH", STATUS) == [] and node.entries("quiet") == []
+        assert node.server.find_requests("PATCH", STATUS) == [] and entries(node, "quiet") == []
 
 
 async def test_an_unprepare_just_before_a_stop_still_removes_the_entry(scratch: Path) -> None:
-    async with running(scratch) as node:
+    async with served_node(scratch, wait=WAIT) as node:
         claim = allocate(node.server, "last", [("gpu", GPU, node.gpu())])
         assert (await node.plugin.prepare_or_raise([claim]))[claim.uid].devices
-        await until(lambda: node.drivers("last") == [GPU])
+        await until(lambda: drivers(node, "last") == [GPU])
         node.server.fail("PATCH", STATUS, 503, times=1)  # the removal's first try fails: the retry is the stop's
         await node.plugin.unprepare_or_raise([claim])
         await node.agent.signal(signal.SIGTERM)
         assert await node.agent.wait(timeout=WAIT) == 0
-        assert node.entries("last") == []
+        assert entries(node, "last") == []

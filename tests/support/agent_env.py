@@ -303,6 +303,7 @@ class ServedNode:
 
     server: TestApiServer
     agent: AgentProcess
+    kubelet: KubeletSimulator
     plugin: Plugin
     metrics_address: str
 
@@ -320,14 +321,14 @@ class ServedNode:
 
 @asynccontextmanager
 async def served_node(root: Path, profile: str = "gke-g2-l4", driver: str = "gpu.nvidia.com",
-                      wait: float = scaled(30.0)) -> AsyncIterator[ServedNode]:
-    """An agent process on `profile`, registered for `driver` with the kubelet simulator and its slices published;
-    stopped at the end. Its output is printed when the start fails."""
+                      wait: float = scaled(30.0), **extra: Any) -> AsyncIterator[ServedNode]:
+    """An agent process on `profile` (`extra` settings added), registered for `driver` with the kubelet simulator
+    and its slices published; stopped at the end. Its output is printed when the start fails."""
     async with AsyncExitStack() as stack:
         server = await stack.enter_async_context(TestApiServer())
         server.add_node(NODE)
         settings = settings_for(root, server.write_kubeconfig(root / "kubeconfig"), profile,
-                                log_level="info", metrics_address=f"127.0.0.1:{free_port()}")
+                                log_level="info", metrics_address=f"127.0.0.1:{free_port()}", **extra)
         agent = AgentProcess(settings)
         await agent.start()
         stack.push_async_callback(agent.stop)
@@ -338,4 +339,4 @@ async def served_node(root: Path, profile: str = "gke-g2-l4", driver: str = "gpu
         except BaseException:
             print(agent.output())
             raise
-        yield ServedNode(server, agent, plugin, str(settings.metrics_address))
+        yield ServedNode(server, agent, kubelet, plugin, str(settings.metrics_address))
