@@ -41,8 +41,7 @@ from backends.failpoints import failpoint
 from backends.journal import Journal
 from backends.nvidia.config import MpsConfig
 from backends.nvidia.driver_root import DriverRoot
-from backends.nvidia.mps_cgroup import in_own_pid_namespace, remove_cgroups
-from backends.nvidia.mps_launch import CGROUPS_RECORD
+from backends.nvidia.mps_cgroup import CGROUPS_RECORD, in_own_pid_namespace, remove_cgroups
 from cdi.spec import ContainerEdits, Mount
 
 __all__ = ["CONTROL_PROGRAM", "MpsDaemons", "MpsGpu", "control_program", "daemon_pid"]

@@ -23,6 +23,7 @@ thing a threaded process such as the agent cannot make).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -32,9 +33,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-__all__ = ["DAEMONS_CGROUP", "Hierarchy", "daemon_cgroup", "in_own_pid_namespace", "leave_pod_cgroup",
+__all__ = ["CGROUPS_RECORD", "DAEMONS_CGROUP", "Hierarchy", "daemon_cgroup", "in_own_pid_namespace", "leave_pod_cgroup",
            "read_membership", "remove_cgroups", "unshare_mounts"]
 
+CGROUPS_RECORD = "cgroups"
+"""The file in a claim's MPS folder, beside the daemon's pid file, that lists the cgroups made for its daemon."""
 DAEMONS_CGROUP = "dra-agent-mps"
 """The cgroup beside the kubelet's pod tree that holds one cgroup per claim's daemon."""
 _UNIFIED = "unified"  # how a record names the cgroup v2 hierarchy, whose /proc/<pid>/cgroup line has no controllers
@@ -69,9 +72,10 @@ def read_membership(text: str) -> list[Hierarchy]:
     return [Hierarchy(controllers, path) for _, controllers, path in lines]
 
 
+@functools.cache
 def in_own_pid_namespace() -> bool:
     """Whether this process is in a PID namespace below the host's (a pod without `hostPID`): its processes end
-    when the pod does, whatever their cgroup."""
+    when the pod does, whatever their cgroup. Read once: a process never changes its PID namespace."""
     with open("/proc/self/status") as status:
         nspid = next((line.split()[1:] for line in status if line.startswith("NSpid:")), [])
     return len(nspid) > 1

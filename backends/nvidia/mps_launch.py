@@ -17,12 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from backends.nvidia.mps_cgroup import leave_pod_cgroup, unshare_mounts
+from backends.nvidia.mps_cgroup import CGROUPS_RECORD, leave_pod_cgroup, unshare_mounts
 
-__all__ = ["CGROUPS_RECORD", "SHM_KEPT", "main"]
-
-CGROUPS_RECORD = "cgroups"
-"""The file beside the pid file that lists the cgroups made for the daemon."""
+__all__ = ["SHM_KEPT", "main"]
 
 _MS_BIND = 0x1000
 _SHM = "/dev/shm"

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.nvidia.mps_cgroup import Hierarchy, daemon_cgroup, read_membership, remove_cgroups
-from backends.nvidia.mps_launch import CGROUPS_RECORD
+from backends.nvidia.mps_cgroup import CGROUPS_RECORD, Hierarchy, daemon_cgroup, read_membership, remove_cgroups
 from cluster.cgroups import CGROUP_FS, make_cgroup, remove_cgroup
 from tests.support.timing import scaled
 
