@@ -45,6 +45,15 @@ def ask(sim_root: Path, state_dir: Path, claim: str, *commands: str) -> list[str
     return done.stdout.splitlines()
 
 
+def answers(sim_root: Path, state_dir: Path, claim: str, *commands: str) -> list[str] | None:
+    """As `ask`, or None while no daemon answers on the claim's pipe (one quitting or not yet listening): for
+    waiting until a daemon serves."""
+    try:
+        return ask(sim_root, state_dir, claim, *commands)
+    except subprocess.CalledProcessError:
+        return None
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether two paths name the same file or folder (for `/proc/<pid>/root/...`: as that process sees it)."""
     one, two = os.stat(a), os.stat(b)
