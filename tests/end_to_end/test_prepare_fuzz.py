@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from backends.contract import ClaimRef
@@ -233,6 +233,10 @@ def generated(run: Run, runner: asyncio.Runner, texts: Texts) -> None:
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(st.lists(requests(gpus), max_size=4, unique_by=lambda r: r[0].uid))
     def check(batch: list[tuple[ClaimRef, dict[str, Any] | None]]) -> None:
+        # A claim that itself holds such a word (Hypothesis also draws strings from the constants of loaded code,
+        # "NvmlError" among them) is quoted back in its refusal, rightly: the grep could not tell it from a leak.
+        supplied = [(ref.uid, ref.namespace, ref.name, body) for ref, body in batch]
+        assume(not PYTHON_INTERNALS.search(json.dumps(supplied, default=str)))
         for ref, body in batch:
             storable = body is not None and isinstance(body.get("status", {}), dict)
             if storable and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", ref.name) and len(ref.name) <= 253:
