@@ -317,10 +317,14 @@ class PrepareError(BackendError):
 class Backend(Protocol):
     """A device-family plugin. Blocking calls (sysfs, NVML) must run off the event loop."""
 
-    name: str
-    """The entry-point name, e.g. 'nvidia-gpu'."""
-    driver: str
-    """The DRA driver name it publishes under by default, e.g. 'gpu.nvidia.com'."""
+    # Read-only: a class attribute (as BackendBase's subclasses have), an instance attribute or a property.
+    @property
+    def name(self) -> str:
+        """The entry-point name, e.g. 'nvidia-gpu'."""
+
+    @property
+    def driver(self) -> str:
+        """The DRA driver name it publishes under by default, e.g. 'gpu.nvidia.com'."""
 
     async def start(self, ctx: BackendContext) -> None:
         """Validate configuration and open what discovery needs; raise ConfigError or BackendError."""

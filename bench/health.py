@@ -171,9 +171,11 @@ async def run(args: argparse.Namespace, server: TestApiServer, kubelet: KubeletS
             start = time.monotonic()
             await asyncio.to_thread(udev.link_down if link == "down" else udev.link_up, PF_NETDEV)
             stream_latency["udev"].append(await nics.first_after(start, _all(PF_VFS, health)) - start)
-            tainted = link == "down"
-            write_latency["udev"].append(await slice_write_after(
-                server, start, lambda t=tainted: (set(taints(server, NIC_DRIVER)) == PF_VFS) == t) - start)
+
+            def as_linked(tainted: bool = link == "down") -> bool:
+                return (set(taints(server, NIC_DRIVER)) == PF_VFS) == tainted
+
+            write_latency["udev"].append(await slice_write_after(server, start, as_linked) - start)
 
     # Idle: let the last writes and log lines settle, then measure.
     await asyncio.sleep(3)

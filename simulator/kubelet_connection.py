@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import grpc
 
@@ -160,4 +160,4 @@ class Plugin:
 
 def health_stream(channel: grpc.aio.Channel, service: str) -> AsyncGenerator[list[DeviceHealthReport], None]:
     # watch_health is an async generator; closing it promptly ends the RPC instead of leaving it to the GC.
-    return cast("AsyncGenerator[list[DeviceHealthReport], None]", watch_health(channel, service))
+    return watch_health(channel, service)

@@ -53,8 +53,9 @@ class UnixServer:
             raise SocketError(f"cannot put the socket in place at {self.path}: {e}") from e
         self._server = server
 
-    async def stop(self, grace: float) -> None:
-        """Refuse new calls, let running ones finish for `grace` seconds, remove the socket file."""
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new calls, let running ones finish for `grace` seconds (None: abort them at once), remove the
+        socket file."""
         if self._server is None:
             return
         server, self._server = self._server, None

@@ -9,7 +9,7 @@ and the frozen dataclasses below.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, Protocol
@@ -274,8 +274,9 @@ class DraClient:
 
 
 async def watch_health(channel: grpc.aio.Channel, service: str = HEALTH_SERVICES[0]
-                       ) -> AsyncIterator[list[DeviceHealthReport]]:
-    """The kubelet's NodeWatchResources stream of health `service`: one full device list per message."""
+                       ) -> AsyncGenerator[list[DeviceHealthReport], None]:
+    """The kubelet's NodeWatchResources stream of health `service`: one full device list per message; closing it
+    (`aclose`) ends the call."""
     pb, grpc_module = _HEALTH[service]
     stub = grpc_module.DRAResourceHealthStub(channel)
     call = stub.NodeWatchResources(pb.NodeWatchResourcesRequest())

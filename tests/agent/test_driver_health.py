@@ -110,7 +110,7 @@ class Env:
 
 async def report(backend: ScriptedBackend) -> BackendReport:
     found = FoundPlugin("scripted", "tests", "0", EntryPoint("scripted", "tests:ScriptedBackend", "dra_agent.backends"))
-    return BackendReport(LoadedPlugin(found, backend), DRIVER, await backend.discover())  # type: ignore[arg-type]
+    return BackendReport(LoadedPlugin(found, backend), DRIVER, await backend.discover())
 
 
 @pytest.fixture

@@ -353,7 +353,12 @@ def test_a_journal_syncs_only_records_of_what_outlives_a_reboot(tmp_path: Path, 
     journal.load()
     syncs: list[int] = []
     real_sync = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
+
+    def recording_sync(fd: int) -> None:
+        syncs.append(fd)
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording_sync)
     journal.put("a/gpu", {"members": {GPU_BDF: "nvidia"}})
     journal.remove("a/gpu")
     assert len(syncs) == (2 if durable else 0)
@@ -537,7 +542,11 @@ async def test_a_node_kept_in_ram_does_not_cost_the_agent_a_descriptor_per_drive
             async with KubeletSimulator(settings.registry_dir) as kubelet:
                 plugin = await kubelet.wait_for_plugin(SRIOV, timeout=scaled(30))
                 assert agent.process is not None
-                descriptors = lambda: len(os.listdir(f"/proc/{agent.process.pid}/fd"))  # noqa: E731
+                pid = agent.process.pid
+
+                def descriptors() -> int:
+                    return len(os.listdir(f"/proc/{pid}/fd"))
+
                 before = descriptors()
                 for cycle in range(8):
                     ref = allocate(server, f"dpdk-{cycle}", [("dev", SRIOV, "vf-0000-19-00-1")], passthrough(SRIOV))

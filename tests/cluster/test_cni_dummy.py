@@ -23,8 +23,8 @@ from tests.support.netns_env import Namespaces, ip, made_namespaces
 from tests.support.timing import scaled
 
 SANDBOX = "0123456789abcdef" * 4
-LOOPBACK_RESULT = {"cniVersion": "1.0.0", "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00"}],
-                   "ips": [{"interface": 0, "address": "127.0.0.1/8"}], "dns": {}}
+LOOPBACK_RESULT: dict[str, Any] = {"cniVersion": "1.0.0", "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00"}],
+                                   "ips": [{"interface": 0, "address": "127.0.0.1/8"}], "dns": {}}
 """What Debian's `loopback` plugin answers before this plugin runs in the node's list."""
 
 
@@ -34,7 +34,8 @@ def plugin(tmp_path: Path) -> Path:
     containerd = Containerd(tmp_path / "containerd", tmp_path / "bin", tmp_path / "cdi", "pause", tmp_path)
     containerd.write_cni()
     [conflist] = (tmp_path / "containerd/cni").iterdir()
-    [plugin_type] = [p["type"] for p in json.loads(conflist.read_text())["plugins"] if p["type"] != "loopback"]
+    types: list[str] = [p["type"] for p in json.loads(conflist.read_text())["plugins"] if p["type"] != "loopback"]
+    [plugin_type] = types
     return containerd.cni_bin / plugin_type
 
 

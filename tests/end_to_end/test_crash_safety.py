@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import grpc
@@ -77,7 +77,7 @@ async def test_crash_and_restart(server: TestApiServer, scratch: Path, point: st
             spec = settings.cdi_dir / f"k8s.gpu.nvidia.com-claim_{ref.uid}.json"
             if point.startswith("unprepare"):
                 await plugin.prepare_or_raise([ref])
-                call = plugin.unprepare([ref])
+                call: Awaitable[object] = plugin.unprepare([ref])
             else:
                 call = plugin.prepare([ref])
             with pytest.raises(KubeletError) as caught:

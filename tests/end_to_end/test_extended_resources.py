@@ -48,6 +48,7 @@ async def cluster(scratch: Path) -> AsyncIterator[Cluster]:
         settings = settings_for(scratch, server.write_kubeconfig(scratch / "kubeconfig"), "dgx-h100",
                                 backends=("nvidia-gpu",))  # fmt: skip
         agent = AgentProcess(settings)
+        assert settings.kubeconfig is not None
         allocator = await Allocator.connect(settings.kubeconfig)
         try:
             await agent.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ async def test_a_crash_at_any_step_leaks_no_daemon_and_loses_none(scratch: Path,
         ref = allocate(run.server, "mps", [("gpu", GPU, FIRST[0])], mps_config(defaultActiveThreadPercentage=40))
         if point in UNPREPARING:
             await plugin.prepare_or_raise([ref])
-            call = plugin.unprepare([ref])
+            call: Awaitable[object] = plugin.unprepare([ref])
         else:
             call = plugin.prepare([ref])
         with pytest.raises(KubeletError):

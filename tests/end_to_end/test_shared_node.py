@@ -56,7 +56,8 @@ async def test_an_injected_xid_reaches_the_event_sets_of_both_agents(scratch: Pa
     async with surge(scratch, "gke-n1-t4x2", backends=("nvidia-gpu",)) as (run, _):
         # Each agent's health watcher registers its own event set for every GPU.
         def both_watching() -> bool:
-            return request(run.root, {"op": "xid", "gpu": "0", "xid": 13})["delivered"] == 2
+            delivered: int = request(run.root, {"op": "xid", "gpu": "0", "xid": 13})["delivered"]
+            return delivered == 2
 
         await wait_until(both_watching, timeout=START)
         assert request(run.root, {"op": "xid", "gpu": "0", "xid": 48})["delivered"] == 2

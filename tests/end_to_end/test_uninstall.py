@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 
 from agent.claims.checkpoint import Checkpoint
@@ -24,7 +25,7 @@ EXCLUSIVE = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "GpuConfig", "sharin
 PF, VF = "0000:19:00.0", "0000:19:00.1"
 
 
-def config(driver: str, parameters: dict[str, object]) -> list[dict[str, object]]:
+def config(driver: str, parameters: Mapping[str, object]) -> list[dict[str, object]]:
     return [{"source": "FromClaim", "requests": ["dev"], "opaque": {"driver": driver, "parameters": parameters}}]
 
 

@@ -29,6 +29,7 @@ from agent.claims.status_writer import ClaimStatusWriter
 from agent.commands.cli import build_parser, main
 from agent.events.recorder import EventRecorder, Pacing
 from agent.kube.client import KubeClient
+from agent.kube.paths import DEVICE_CLASSES, api_path
 from agent.kube.quantity import parse_quantity
 from agent.metrics import Metrics, MetricsServer
 from agent.node.plugins import find_plugins, load_plugins
@@ -732,7 +733,7 @@ async def test_the_device_classes_are_accepted_by_the_api_server(scratch: Path) 
         kube = await KubeClient.connect(server.write_kubeconfig(scratch / "kubeconfig"))
         try:
             for device_class in _device_classes().values():
-                await kube.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", body=device_class)
+                await kube.request("POST", api_path(DEVICE_CLASSES), body=device_class)
         finally:
             await kube.close()
         stored = {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in server.objects("deviceclasses")}
@@ -905,7 +906,8 @@ def _satisfiable(template: Mapping[str, Any], devices: Sequence[SimDevice]) -> b
         exact = requests[name]["exactly"]
         if exact.get("allocationMode") == "All":
             return bool(pool) and len(pool) == len(pools[name])  # all of them, and at least one
-        return len(pool) >= exact.get("count", 1)
+        count: int = exact.get("count", 1)
+        return len(pool) >= count
 
     def solve(constraints: Sequence[Mapping[str, Any]], current: Mapping[str, list[SimDevice]]) -> bool:
         if not constraints:

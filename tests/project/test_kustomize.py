@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +177,7 @@ def test_a_settings_overlay_changes_the_file_and_so_the_daemonset(rendered: dict
     assert daemonset == base_daemonset, "nothing else of the DaemonSet changes"
     settings, origins = _settings_file(objects, tmp_path)
     assert plugin_settings_problems(settings, origins) == [], "the agent takes the file"
-    expected = {
+    expected: dict[str, Callable[[Settings], bool]] = {
         "dynamic-mig": lambda s: s.backend_config == {"nvidia-mig": {"mode": "dynamic"}},
         "sriov-vfs": lambda s: s.backend_config["sriov-nic"]["numVfs"][0]["count"] == 8,
         "gpu-sharing": lambda s: s.backend_config == {"nvidia-gpu": {"sharing": {"byMemory": True,

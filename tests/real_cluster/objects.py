@@ -53,14 +53,14 @@ def template(namespace: str, name: str, requests: Sequence[dict[str, Any]], *,
             "spec": {"spec": {"devices": _devices(requests, constraints, config)}}}
 
 
-def pod(namespace: str, name: str, *, claims: Mapping[str, str] = (), templates: Mapping[str, str] = (),
-        limits: Mapping[str, str] | None = None, image: str = IMAGE, command: Sequence[str] = (),
-        host_network: bool = False) -> dict[str, Any]:
+def pod(namespace: str, name: str, *, claims: Mapping[str, str] | None = None,
+        templates: Mapping[str, str] | None = None, limits: Mapping[str, str] | None = None, image: str = IMAGE,
+        command: Sequence[str] = (), host_network: bool = False) -> dict[str, Any]:
     """A pod whose one container uses every claim it names: `claims` maps the pod's claim names to existing
     ResourceClaims, `templates` to ResourceClaimTemplates; `limits` asks for extended resources. On a node that runs
     pods: `image` (never pulled), its `command`, and whether it uses the host's network."""
-    resource_claims = [{"name": k, "resourceClaimName": v} for k, v in dict(claims).items()]
-    resource_claims += [{"name": k, "resourceClaimTemplateName": v} for k, v in dict(templates).items()]
+    resource_claims = [{"name": k, "resourceClaimName": v} for k, v in (claims or {}).items()]
+    resource_claims += [{"name": k, "resourceClaimTemplateName": v} for k, v in (templates or {}).items()]
     container: dict[str, Any] = {"name": "main", "image": image, "imagePullPolicy": "Never"}
     if command:
         container["command"] = list(command)

@@ -36,9 +36,11 @@ async def test_the_scheduler_places_mig_devices_from_the_published_counters(real
                                                                           node_root: Path) -> None:
     profile = dgx_h100_in_mig_mode(node_root)
     async with agent_on_node(real_cluster, node_root / "n", str(profile), backend_config=DYNAMIC) as agent:
-        slices = await poll(lambda: (s := gpu_slices(real_cluster)) and sum(
-            len(x["spec"].get("devices", ())) for x in s) == 8 * 26 and s, timeout=scaled(30),
-            what="every GPU and placement published")
+        def all_published() -> list[dict[str, Any]] | None:
+            found = gpu_slices(real_cluster)
+            return found if sum(len(x["spec"].get("devices", ())) for x in found) == 8 * 26 else None
+
+        slices = await poll(all_published, timeout=scaled(30), what="every GPU and placement published")
         # What the server stored: one counter set per GPU in a slice of its own, the devices in slices of at most
         # 64, one pool generation across them all.
         assert sum(len(s["spec"].get("sharedCounters", ())) for s in slices) == 8

@@ -96,7 +96,10 @@ async def test_a_refused_prepare_leaves_the_pod_creating_with_the_agents_message
             # The kubelet may record the event before it first writes the pod's container statuses.
             found = real_node.kubectl.get("pod", "nic", "-n", ns) or {}
             statuses = found.get("status", {}).get("containerStatuses")
-            return statuses and statuses[0]["state"].get("waiting")
+            if not statuses:  # an empty list too: poll would take it as the answer
+                return None
+            state: dict[str, Any] | None = statuses[0]["state"].get("waiting")
+            return state
         state = await poll(waiting, timeout=scaled(30), what="the pod's container status")
         assert state["reason"] == "ContainerCreating", state
         assert agent.on_node(uid, (GPU, SRIOV)) == []

@@ -20,7 +20,7 @@ from tests.support.timing import scaled
 
 pytestmark = pytest.mark.xdist_group("real-cluster")
 
-REAP_FAST = {"reap_interval": 1.0, "reap_grace": 2.0}
+REAP_FAST: dict[str, Any] = {"reap_interval": 1.0, "reap_grace": 2.0}  # settings for agent_on_node
 READ_CLAIMS_RULE = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
                     "verbs": ["get", "list", "watch"]}
 

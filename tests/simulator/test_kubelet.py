@@ -15,14 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.claims.results import ClaimResult, PreparedDeviceResult
 from agent.kubelet.services import (
     DRA_PLUGIN_TYPE,
     SUPPORTED_VERSIONS,
-    ClaimResult,
     DeviceHealthReport,
     HealthStatus,
     PluginInfo,
-    PreparedDeviceResult,
     add_dra_services,
     add_registration_service,
 )

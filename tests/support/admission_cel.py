@@ -12,6 +12,8 @@ from typing import Any
 
 import celpy
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError, CELFunction
 
 __all__ = ["Evaluation", "evaluate"]
 
@@ -20,7 +22,7 @@ _ENV = celpy.Environment()
 
 # The Kubernetes CEL library's functions the policies use: `min` of lists (k8s.io/apiserver/pkg/cel/library/lists.go),
 # `split` and `trim` of strings (cel-go's strings extension, which Kubernetes' CEL environment includes).
-_KUBERNETES_FUNCTIONS = {
+_KUBERNETES_FUNCTIONS: dict[str, CELFunction] = {
     "min": lambda items: min(items),
     "split": lambda text, separator: celtypes.ListType([celtypes.StringType(s) for s in text.split(separator)]),
     "trim": lambda text: celtypes.StringType(text.strip(" \t\n\r\f\v")),
@@ -55,16 +57,16 @@ def evaluate(policy: Mapping[str, Any], obj: Mapping[str, Any], params: Mapping[
     namespace = obj.get("metadata", {}).get("namespace", "")
     request = {"kind": {"group": group, "version": version, "kind": obj.get("kind", "")}, "operation": "CREATE",
                "namespace": namespace}
-    activation: dict[str, Any] = {"object": celpy.json_to_cel(dict(obj)), "request": celpy.json_to_cel(request),
+    activation: dict[str, Any] = {"object": json_to_cel(dict(obj)), "request": json_to_cel(request),
                                   "variables": celtypes.MapType()}
     if "paramKind" in spec:
         assert params is not None, "a policy with paramKind is evaluated with its parameter object"
-        activation["params"] = celpy.json_to_cel(dict(params))
+        activation["params"] = json_to_cel(dict(params))
     for variable in spec.get("variables", ()):
         activation["variables"] = celtypes.MapType(
             {celtypes.StringType(k): v for k, v in variables.items()})
         value = _run(variable["expression"], activation)
-        if isinstance(value, celpy.CELEvalError):
+        if isinstance(value, CELEvalError):
             raise AssertionError(f"variable {variable['name']}: {value}")
         variables[variable["name"]] = value
     activation["variables"] = celtypes.MapType({celtypes.StringType(k): v for k, v in variables.items()})
@@ -73,7 +75,7 @@ def evaluate(policy: Mapping[str, Any], obj: Mapping[str, Any], params: Mapping[
     for validation in spec["validations"]:
         try:
             verdict = _run(validation["expression"], activation)
-        except celpy.CELEvalError as e:
+        except CELEvalError as e:
             verdict = e
         if verdict is True or verdict == celtypes.BoolType(True):
             continue
@@ -85,7 +87,7 @@ def evaluate(policy: Mapping[str, Any], obj: Mapping[str, Any], params: Mapping[
                 said = _run(validation["messageExpression"], activation)
                 if isinstance(said, str):
                     message = str(said)
-            except celpy.CELEvalError:
+            except CELEvalError:
                 pass
         messages.append(message)
     return Evaluation(messages, errors)

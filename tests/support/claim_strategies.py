@@ -25,14 +25,15 @@ json_values = st.recursive(
 
 @st.composite
 def parameters(draw: st.DrawFn) -> Any:
-    base = draw(st.sampled_from([
+    bases: list[dict[str, Any]] = [
         {"apiVersion": "dra-agent.io/v1alpha1", "kind": "GpuConfig"},
         {"apiVersion": "dra-agent.io/v1alpha1", "kind": "GpuConfig",
          "driverCapabilities": draw(st.lists(st.sampled_from(["compute", "utility", "video", "graphics", "root"]),
                                              max_size=5))},
         {"apiVersion": draw(st.text(max_size=10)), "kind": "GpuConfig"},
         {},
-    ]))
+    ]
+    base = draw(st.sampled_from(bases))
     extra = draw(st.dictionaries(st.sampled_from(["deviceNodes", "mounts", "hooks", "hostPath", "env"]), json_values,
                                  max_size=2))
     return draw(st.sampled_from([base, {**base, **extra}, draw(json_values)]))
@@ -67,6 +68,8 @@ def requests(draw: st.DrawFn, gpus: list[str]) -> tuple[ClaimRef, dict[str, Any]
          "opaque": {"driver": draw(st.sampled_from([GPU, "other.example.com"])), "parameters": draw(parameters())}}
         for _ in range(draw(st.integers(0, 3)))
     ]
-    body = {"metadata": {"uid": draw(st.sampled_from([uid, uid, valid_uid])), "name": name, "namespace": namespace},
-            "status": {"allocation": {"devices": {"results": results, "config": configs}}}}
-    return ref, draw(st.sampled_from([body, body, {"status": draw(json_values)}]))
+    body: dict[str, Any] = {
+        "metadata": {"uid": draw(st.sampled_from([uid, uid, valid_uid])), "name": name, "namespace": namespace},
+        "status": {"allocation": {"devices": {"results": results, "config": configs}}}}
+    odd: dict[str, Any] = {"status": draw(json_values)}
+    return ref, draw(st.sampled_from([body, body, odd]))

@@ -45,7 +45,7 @@ def share(server: TestApiServer, name: str, *memories: str | None, sharing: dict
     and stored as it would leave it."""
     requests = []
     for index, memory in enumerate(memories):
-        capacity = {"capacity": {"requests": {"memory": memory}}} if memory is not None else {}
+        capacity: dict[str, Any] = {"capacity": {"requests": {"memory": memory}}} if memory is not None else {}
         requests.append(exactly("gpu" if index == 0 else f"gpu{index}", GPU, ON_GPU_0, **capacity))
     wanted = claim(name, *requests, config=gpu_config(sharing) if sharing is not None else None)
     held = [c for c in server.objects("resourceclaims")]

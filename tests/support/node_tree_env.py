@@ -8,8 +8,7 @@ from pathlib import Path
 
 import structlog
 
-from backends.base import BackendBase
-from backends.contract import BackendContext
+from backends.contract import Backend, BackendContext
 from backends.topology import TopologyReader
 from simulator.node.node import SimulatedNode
 
@@ -39,7 +38,7 @@ def dangling_links(root: Path) -> list[str]:
             if kind == "link" and not (root / k).parent.joinpath(str(target)).exists()]
 
 
-async def inventory(node: SimulatedNode, backend: BackendBase) -> set[str]:
+async def inventory(node: SimulatedNode, backend: Backend) -> set[str]:
     """The names of the devices `backend` discovers on the node, started and stopped for it; a warning fails."""
     ctx = BackendContext(node.sysfs, node.dev, node.root, TopologyReader(node.sysfs), {}, structlog.get_logger(),
                          driver_root=node.driver_root)

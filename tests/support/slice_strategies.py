@@ -54,7 +54,7 @@ def _device(draw: st.DrawFn, counter_sets: list[CounterSet]) -> Device:
         PciTopology, bus_id=st.sampled_from(["0000:3b:00.0", "0000:18:00.1"]),
         pcie_root=st.none() | st.just("pci0000:3a"), numa_node=st.integers(-1, 3)))
     uses: tuple[CounterConsumption, ...] = ()
-    if counter_sets and draw(st.booleans()):
+    if len(counter_sets) > 0 and draw(st.booleans()):
         chosen = draw(st.lists(st.sampled_from(counter_sets), min_size=1, max_size=2, unique_by=lambda c: c.name))
         uses = tuple(CounterConsumption(c.name, {k: draw(st.integers(0, v)) for k, v in c.counters.items()})
                      for c in chosen)

@@ -222,14 +222,14 @@ def test_concurrent_appends_commit_in_groups(scratch: Path, monkeypatch: pytest.
     from concurrent.futures import ThreadPoolExecutor
 
     syncs = 0
-    real_sync = cp.os.fdatasync
+    real_sync = os.fdatasync
 
     def counting_sync(fd: int) -> None:
         nonlocal syncs
         syncs += 1
         real_sync(fd)
 
-    monkeypatch.setattr(cp.os, "fdatasync", counting_sync)
+    monkeypatch.setattr(os, "fdatasync", counting_sync)
     journal = reopened(scratch / "j")
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda n: prepared(journal, n, device=f"gpu-{n}"), range(64)))
@@ -240,11 +240,11 @@ def test_concurrent_appends_commit_in_groups(scratch: Path, monkeypatch: pytest.
 def test_a_failed_write_fails_its_callers_only(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     journal = reopened(scratch / "j")
     prepared(journal, 1)
-    real_sync = cp.os.fdatasync
-    monkeypatch.setattr(cp.os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    real_sync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
     with pytest.raises(CheckpointError, match="Input/output error"):
         journal.start(uid(2), "ns", "claim-2", (("gpu-2", "nvidia-gpu"),))
-    monkeypatch.setattr(cp.os, "fdatasync", real_sync)
+    monkeypatch.setattr(os, "fdatasync", real_sync)
     prepared(journal, 3)
     assert {uid(1), uid(3)} <= set(reopened(scratch / "j").claims)
 
@@ -256,7 +256,12 @@ def test_a_started_record_may_skip_the_sync_and_is_synced_with_the_next(scratch:
     prepared(journal, 1)  # opens the journal
     syncs: list[int] = []
     real_sync = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(os.fstat(fd).st_size), real_sync(fd)))
+
+    def recording_sync(fd: int) -> None:
+        syncs.append(os.fstat(fd).st_size)
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording_sync)
 
     first = journal.start_unsynced_now(uid(2), "ns", "claim-2", (("gpu-2", "nvidia-gpu"),))
     second = journal.start(uid(3), "ns", "claim-3", (("gpu-3", "nvidia-gpu"),), durable=False)

@@ -181,7 +181,7 @@ async def test_failed_backend_leaves_nothing(sim_node: Callable[[str], Simulated
         gpu = env.devices(GPU)[0]
         exploding = Exploding(preparer.owner_of(gpu).backend, gpu)  # type: ignore[union-attr]
         real_owner = preparer.owner_of
-        preparer.owner_of = lambda d: (o.__class__(o.name, exploding, o.config_types)  # type: ignore[assignment,arg-type]
+        preparer.owner_of = lambda d: (o.__class__(o.name, exploding, o.config_types)  # type: ignore[arg-type]
                                         if (o := real_owner(d)) else None)
         ref = env.claims.add("broken", [("gpu", GPU, gpu)])
         assert (await preparer.prepare([ref]))[ref.uid].error == f"{gpu}: the driver refused"
@@ -366,7 +366,7 @@ async def test_the_started_record_waits_for_the_disk_only_for_backends_that_keep
     monkeypatch.setattr(os, "fdatasync", sync)
     watching = Watching(preparer.owner_of(gpus[1]).backend, journal, syncs, declared)  # type: ignore[union-attr]
     real_owner = preparer.owner_of
-    preparer.owner_of = lambda d: (o.__class__(o.name, watching, o.config_types)  # type: ignore[assignment,arg-type]
+    preparer.owner_of = lambda d: (o.__class__(o.name, watching, o.config_types)  # type: ignore[arg-type]
                                     if (o := real_owner(d)) else None)
     ref = env.claims.add("train", [("gpu", GPU, gpus[1])])
     assert (await preparer.prepare([ref]))[ref.uid].error == ""

@@ -158,7 +158,7 @@ def test_every_share_the_scheduler_allocates_passes_the_checks(memory: int, step
                  capacity_policies={"memory": policy})
     requests = []
     for index, amount in enumerate(amounts):
-        extra = {} if amount is None else {
+        extra: dict[str, Any] = {} if amount is None else {
             "capacity": {"requests": {"memory": (texts := request_texts(amount))[form % len(texts)]}}}
         requests.append(exactly(f"r{index}", "gpu", **extra))
     try:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -52,13 +53,14 @@ def test_a_closed_pipe_is_told_by_the_status(tmp_path: object) -> None:
     assert command.stderr == ""
 
 
-def test_a_bug_is_reported_in_one_line_without_python_internals(run_cli: object, monkeypatch: pytest.MonkeyPatch
-                                                                ) -> None:
+def test_a_bug_is_reported_in_one_line_without_python_internals(run_cli: Callable[..., CliResult],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     async def broken(*_: object) -> int:
-        return {}["missing"]  # type: ignore[no-any-return]
+        counts: dict[str, int] = {}
+        return counts["missing"]
 
     monkeypatch.setattr("agent.commands.handlers.backends_command", broken)
-    result: CliResult = run_cli("backends", "--simulate", "gke-g2-l4")  # type: ignore[operator]
+    result = run_cli("backends", "--simulate", "gke-g2-l4")
     assert result.code == 1
     assert result.err.count("\n") == 1 and result.err.startswith("dra-agent: internal error"), result.err
     assert "--log-level debug" in result.err

@@ -16,8 +16,10 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes.aio import client
+from kubernetes.aio.client.rest import RESTResponse
 
-from agent.kube.client import KubeClient, KubeError, client
+from agent.kube.client import KubeClient, KubeError
 from agent.kube.names import is_dns_label, is_dns_subdomain, is_driver_name, is_node_name
 
 HOSTILE = [
@@ -72,7 +74,9 @@ def wire() -> Iterator[Wire]:
         api = client.ApiClient(configuration)
         result = Wire(KubeClient(api), runner)
 
-        async def call_api(method: str, url: str, **_: Any) -> Any:
+        async def call_api(method: str, url: str, header_params: object = None, body: object = None,
+                           post_params: object = None, _request_timeout: object = None,
+                           _preload_content: bool = True) -> RESTResponse:
             result.sent.append(yarl.URL(url))  # as the client's aiohttp session makes it, folding `..` and all
             raise _Sent
 

@@ -46,7 +46,8 @@ async def test_registration_answers_exactly(running: InProcess) -> None:
     for sock in (dra_socket, registration):
         assert stat.S_ISSOCK(os.stat(sock).st_mode) and stat.S_IMODE(os.stat(sock).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(dra_socket.parent).st_mode) == 0o750
-    assert running.agent.drivers[GPU].plugin.registered.is_set()
+    gpu_plugin = running.agent.drivers[GPU].plugin
+    assert gpu_plugin is not None and gpu_plugin.registered.is_set()
 
 
 async def test_v1_and_v1beta1_prepare_on_one_socket(running: InProcess) -> None:
@@ -110,7 +111,9 @@ async def test_slices_are_published_and_owned_by_the_node(running: InProcess) ->
     slices = running.server.objects("resourceslices")
     assert_valid_slices(slices)
     assert {s["spec"]["driver"] for s in slices} == {GPU, NIC}
-    node_uid = running.server.get_object("nodes", NODE)["metadata"]["uid"]
+    node = running.server.get_object("nodes", NODE)
+    assert node is not None
+    node_uid = node["metadata"]["uid"]
     for obj in slices:
         assert obj["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}]
@@ -149,6 +152,7 @@ async def test_rolling_update_instances_have_their_own_sockets(scratch: Path) ->
     pod = "3f8e4c1a-5b2d-4e6f-8a9b-0c1d2e3f4a5b"
     async with agent_in_process(scratch, pod_uid=pod, backends=("nvidia-gpu",)) as env:
         driver = env.agent.drivers[GPU]
+        assert driver.plugin is not None
         assert driver.plugin.dra_socket.name == f"dra-{pod}.sock"
         assert driver.plugin.registration_socket.name == f"{GPU}-{pod}-reg.sock"
         ref = allocate(env.server, "train", [("gpu", GPU, driver.pool.devices[0].name)])

@@ -57,7 +57,7 @@ def device(subsystem: str, name: str, action: str = "add") -> SimpleNamespace:
 
 async def test_dispatch_by_subsystem_survives_failing_handlers_and_lost_events() -> None:
     fake = FakeMonitor()
-    udev = UdevMonitor(fake)  # type: ignore[arg-type]
+    udev = UdevMonitor(fake)
     seen: list[tuple[str, str]] = []
     done = asyncio.Event()
 

@@ -20,6 +20,7 @@ from agent.logs import get_logger
 from agent.slices.build import pool_slices
 from agent.slices.publisher import Features, Publisher
 from backends.contract import CapacityPolicy, CapacityRange, CounterConsumption, CounterSet, Device
+from simulator.apiserver.faults import RequestRecord
 from simulator.apiserver.server import TestApiServer
 from tests.support.agent_env import wait_until
 from tests.support.slice_checks import assert_valid_slices
@@ -227,8 +228,10 @@ async def test_relist_after_an_expired_watch_writes_nothing(make_env: Callable[.
         env.server.add_node(f"other-{i}")
     env.server.compact()
     env.server.drop_watches()
-    lists = lambda: [r for r in env.server.find_requests("GET", SLICES, since=before)  # noqa: E731
-                     if "watch" not in r.query]
+
+    def lists() -> list[RequestRecord]:
+        return [r for r in env.server.find_requests("GET", SLICES, since=before) if "watch" not in r.query]
+
     await wait_until(lambda: len(lists()) >= 1, scaled(5))
     await asyncio.sleep(scaled(0.5))  # a window in which the relist may not lead to a write
     assert env.writes(before) == 0

@@ -17,7 +17,16 @@ from backends.nvidia.driver_root import DriverRoot, library_dirs
 from backends.nvidia.ldcache import CacheEntry, LdCacheError, abi_flags, lookup, parse_ld_cache
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"  # glibc's own; /sbin is not on every PATH
-X86 = abi_flags("x86_64")
+
+
+def known_abi(machine: str | None = None) -> int:
+    """`abi_flags` of a machine the reader knows (this one's without `machine`)."""
+    flags = abi_flags(machine)
+    assert flags is not None, f"no glibc library flags known for {machine or 'this machine'}"
+    return flags
+
+
+X86 = known_abi("x86_64")
 
 
 def shared_library(folder: Path, soname: str, version: str) -> Path:
@@ -53,9 +62,9 @@ def test_the_parser_reads_what_the_real_ldconfig_writes(scratch: Path) -> None:
     cache = ldconfig_cache(scratch, libs)
     entries = parse_ld_cache(cache.read_bytes())
     assert {(e.name, e.path) for e in entries} == ldconfig_listing(cache)
-    assert lookup(entries, "libnvidia-ml.so.1", abi_flags()) == [f"{libs}/libnvidia-ml.so.1"]
+    assert lookup(entries, "libnvidia-ml.so.1", known_abi()) == [f"{libs}/libnvidia-ml.so.1"]
     assert os.readlink(libs / "libnvidia-ml.so.1") == "libnvidia-ml.so.580.95.05"  # ldconfig made the link
-    assert lookup(entries, "libnvidia-ml.so.1", abi_flags("aarch64")) == [], "another machine's ABI is not taken"
+    assert lookup(entries, "libnvidia-ml.so.1", known_abi("aarch64")) == [], "another machine's ABI is not taken"
 
 
 def _new_format(entries: list[tuple[str, str, int, int]], flag_byte: int = 2) -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -232,6 +232,7 @@ async def test_a_gpu_lost_before_watching_begins_is_reported_at_once(t4x2: Simul
     assert len((await backend.discover()).devices) == 2
     t4x2.nvml.set_lost(0)  # after discovery published it
     stream = backend.health()
+    assert isinstance(stream, AsyncGenerator)  # the backend's health() is an async generator function
     try:
         event = await asyncio.wait_for(anext(stream), scaled(5))
         assert event == HealthEvent(device_name("gpu", t4x2.nvml.gpus[0].bus_id), Health.UNHEALTHY,
@@ -259,6 +260,7 @@ async def test_a_lost_gpu_stays_published_through_a_rediscovery_until_its_reset(
             "GPU 0: nvmlDeviceGetHandleByIndex failed: GPU is lost; its devices stay published as last seen until "
             "it answers NVML again"]
         assert any("GPU 1: " in x and "stay published" in x for x in during["nvidia-mig"].warnings)
+        assert isinstance(gpu_backend, NvidiaGpuBackend)
         assert [m for m in gpu_backend._minors] == [w.gpu(0)], "prepare still knows the device node"
         node.nvml.reset_gpu(0)
         node.nvml.reset_gpu(1)

@@ -27,7 +27,7 @@ from backends.nvidia.mig_edits import MigEdits
 from backends.nvidia.mig_layout import GiProfile, Placement, layout, valid_combinations
 from backends.nvidia.mig_ledger import LedgerEntry, MigLedger
 from backends.nvidia.nvml import list_gpus, list_mig_devices, nvml_session
-from backends.nvidia.nvml_mig import gpu_instance_profiles
+from backends.nvidia.nvml_mig import create_gpu_instance, gpu_instance_profiles
 from backends.topology import TopologyReader
 from simulator.kubelet import KubeletSimulator
 from simulator.kubelet_connection import KubeletError, Plugin
@@ -285,7 +285,7 @@ def test_the_ledger_is_written_before_nvml_and_never_waits_for_the_disk(
     ledger.load()
     syncs: list[int] = []
     written_at_create: list[bytes] = []
-    real_create = mig_dynamic.create_gpu_instance
+    real_create = create_gpu_instance
 
     def create(*args: Any) -> int:
         written_at_create.append(path.read_bytes())

@@ -30,6 +30,7 @@ def project_calls() -> dict[str, int]:
             # _call("name", pynvml.fn, *args): the name must match and the rest are fn's arguments.
             label, target = node.args[0], node.args[1]
             assert isinstance(label, ast.Constant) and isinstance(target, ast.Attribute)
+            assert isinstance(label.value, str), f"_call label {label.value!r} is not a name"
             assert label.value == target.attr, f"_call label {label.value} does not match {target.attr}"
             calls[target.attr] = len(node.args) - 2
     return calls

@@ -19,6 +19,7 @@ import yaml
 from agent.claims.records import ClaimRecord, DeviceRecord
 from agent.claims.status_writer import Backoff, ClaimStatusWriter
 from agent.kube.client import KubeClient, KubeError
+from agent.kube.paths import ApiPath
 from agent.metrics import Metrics
 from backends.contract import ClaimRef
 from simulator.apiserver.authorization import AGENT_USER, Caller
@@ -29,6 +30,9 @@ from tests.support.timing import scaled
 NODE = "node-a"
 GPU, NIC = "gpu.example.com", "nic.example.com"
 SHARE = "2f1c7a52-8e0b-4c59-9d1f-6a4b3c2d1e0f"
+# The claim the tests write, and its status, as paths a client sends.
+CLAIM = ApiPath("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim")
+CLAIM_STATUS = ApiPath(f"{CLAIM}/status")
 WHEN = "2026-11-26T10:00:00Z"
 
 
@@ -62,8 +66,8 @@ class Api:
     async def apply(self, manager: str, *entries: dict[str, Any], force: bool = True) -> dict[str, Any]:
         query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
         result: dict[str, Any] = await self.kube.request(
-            "PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
-            body=body(self.uid, *entries), query=query, content_type="application/apply-patch+yaml")
+            "PATCH", CLAIM_STATUS, body=body(self.uid, *entries), query=query,
+            content_type="application/apply-patch+yaml")
         return result
 
     def claim(self) -> dict[str, Any]:
@@ -186,28 +190,26 @@ async def test_duplicate_keys_are_refused(api: Api) -> None:
     claim = api.claim()
     claim["status"]["devices"] = [entry(GPU, "gpu-0"), entry(GPU, "gpu-0")]
     with pytest.raises(KubeError) as put:
-        await api.kube.request("PUT", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
-                               body=claim)
+        await api.kube.request("PUT", CLAIM_STATUS, body=claim)
     assert put.value.status == 422 and "status.devices[1]: Duplicate value" in str(put.value)
 
 
 async def test_status_devices_are_written_through_status_only(api: Api) -> None:
     claim = api.claim()
     claim["status"]["devices"] = [entry(GPU, "gpu-0")]
-    await api.kube.request("PUT", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim", body=claim)
+    await api.kube.request("PUT", CLAIM, body=claim)
     assert api.devices() == []
     with pytest.raises(KubeError) as elsewhere:
-        await api.kube.request("PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim",
-                               body=body(api.uid), query=[("fieldManager", GPU)],
+        await api.kube.request("PATCH", CLAIM, body=body(api.uid), query=[("fieldManager", GPU)],
                                content_type="application/apply-patch+yaml")
     assert elsewhere.value.status == 415
     with pytest.raises(KubeError) as slices:
-        await api.kube.request("PATCH", "/apis/resource.k8s.io/v1/resourceslices/x", body={},
+        await api.kube.request("PATCH", ApiPath("/apis/resource.k8s.io/v1/resourceslices/x"), body={},
                                query=[("fieldManager", GPU)], content_type="application/apply-patch+yaml")
     assert slices.value.status == 415
     with pytest.raises(KubeError) as manager:
-        await api.kube.request("PATCH", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
-                               body=body(api.uid), content_type="application/apply-patch+yaml")
+        await api.kube.request("PATCH", CLAIM_STATUS, body=body(api.uid),
+                               content_type="application/apply-patch+yaml")
     assert manager.value.status == 422 and "fieldManager: Required value" in str(manager.value)
 
 
@@ -227,8 +229,7 @@ async def test_entries_of_deallocated_devices_are_dropped(api: Api) -> None:
     assert owned[NIC] == ['k:{"device":"vf-0","driver":"nic.example.com","pool":"node-a"}']
     claim = api.claim()
     del claim["status"]["allocation"]  # deallocated (an allocation is otherwise immutable)
-    await api.kube.request("PUT", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim/status",
-                           body=claim)
+    await api.kube.request("PUT", CLAIM_STATUS, body=claim)
     assert api.devices() == [] and "managedFields" not in api.claim()["metadata"]
 
 
@@ -290,7 +291,7 @@ async def test_a_write_changing_a_drivers_entries_needs_that_drivers_permission(
     with pytest.raises(KubeError) as put:
         stored = api.claim()
         stored["status"]["devices"].append(entry(GPU, "gpu-0"))
-        await api.kube.request("PUT", f"{CLAIMS}/claim/status", body=stored)
+        await api.kube.request("PUT", CLAIM_STATUS, body=stored)
     assert forbidden(GPU, "arbitrary-node:update") in str(put.value)
 
     # Taking away another driver's entry is changing it; writing them unchanged is not.
@@ -299,7 +300,7 @@ async def test_a_write_changing_a_drivers_entries_needs_that_drivers_permission(
     with pytest.raises(KubeError) as removal:
         stored = api.claim()
         stored["status"]["devices"] = [e for e in stored["status"]["devices"] if e["driver"] == GPU]
-        await api.kube.request("PUT", f"{CLAIMS}/claim/status", body=stored)
+        await api.kube.request("PUT", CLAIM_STATUS, body=stored)
     assert forbidden(NIC, "arbitrary-node:update") in str(removal.value)
     await api.apply(GPU, entry(GPU, "gpu-0"), entry(GPU, "gpu-1"))
     assert api.devices() == [(NIC, "vf-0"), (GPU, "gpu-0"), (GPU, "gpu-1")]

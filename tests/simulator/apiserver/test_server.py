@@ -21,6 +21,7 @@ from kubernetes.aio import client, config, watch
 from kubernetes.aio.client.exceptions import ApiException
 
 from simulator.apiserver.server import TestApiServer
+from tests.support.kube_models import as_sent, list_meta, meta, name_of, spec_of, version_of
 from tests.support.timing import scaled
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -52,6 +53,7 @@ def wire(model: Any) -> dict[str, Any]:
 
 
 def status_of(error: ApiException) -> dict[str, Any]:
+    assert error.body is not None, "an error response without a Status"
     body = json.loads(error.body)
     assert isinstance(body, dict)
     return body
@@ -86,6 +88,13 @@ def core(api: client.ApiClient) -> client.CoreV1Api:
 async def http(server: TestApiServer) -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(server.url, headers=server.auth_headers) as raw:
         yield raw
+
+
+def allocated(claim: client.ResourceV1ResourceClaim) -> list[client.V1DeviceRequestAllocationResult]:
+    """The claim's allocated devices."""
+    status = claim.status
+    assert status and status.allocation and status.allocation.devices and status.allocation.devices.results
+    return status.allocation.devices.results
 
 
 async def next_events(stream: watch.Watch, count: int) -> list[tuple[str, str]]:
@@ -133,15 +142,15 @@ async def test_slice_create_get_list_replace_patch_delete(resources: client.Reso
     created = await resources.create_resource_slice(slice_body("a-1", labels={"tier": "gold"}))
     await resources.create_resource_slice(slice_body("a-2", driver="nic.example.com"))
     await resources.create_resource_slice(slice_body("b-1", node="node-b"))
-    assert created.metadata.generation == 1 and created.metadata.uid and created.metadata.creation_timestamp
+    assert meta(created).generation == 1 and meta(created).uid and meta(created).creation_timestamp
 
     fetched = await resources.read_resource_slice("a-1")
-    assert fetched.spec.node_name == "node-a" and fetched.metadata.resource_version == created.metadata.resource_version
+    assert spec_of(fetched).node_name == "node-a" and version_of(fetched) == version_of(created)
 
-    async def names(**selectors: str) -> list[str]:
-        listed = await resources.list_resource_slice(**selectors)
-        assert int(listed.metadata.resource_version) >= int(created.metadata.resource_version)
-        return [s.metadata.name for s in listed.items]
+    async def names(*, field_selector: str | None = None, label_selector: str | None = None) -> list[str]:
+        listed = await resources.list_resource_slice(field_selector=field_selector, label_selector=label_selector)
+        assert int(version_of(listed)) >= int(version_of(created))
+        return [name_of(s) for s in listed.items]
 
     assert await names(field_selector="spec.nodeName=node-a") == ["a-1", "a-2"]
     assert await names(field_selector=f"spec.nodeName==node-a,spec.driver={DRIVER}") == ["a-1"]
@@ -151,18 +160,20 @@ async def test_slice_create_get_list_replace_patch_delete(resources: client.Reso
     assert await names(label_selector="!tier") == ["a-2", "b-1"]
     assert await names(label_selector="tier!=gold") == ["a-2", "b-1"]
 
-    fetched.spec.devices.append(client.V1Device(name="gpu-9"))
+    devices = spec_of(fetched).devices
+    assert devices is not None
+    devices.append(client.V1Device(name="gpu-9"))
     replaced = await resources.replace_resource_slice("a-1", fetched)
-    assert replaced.metadata.generation == 2
-    assert int(replaced.metadata.resource_version) > int(fetched.metadata.resource_version)
+    assert meta(replaced).generation == 2
+    assert int(version_of(replaced)) > int(version_of(fetched))
     unchanged = await resources.replace_resource_slice("a-1", replaced)
-    assert unchanged.metadata.resource_version == replaced.metadata.resource_version  # a no-op is not written
+    assert version_of(unchanged) == version_of(replaced)  # a no-op is not written
 
     patched = await resources.patch_resource_slice("a-1", {"metadata": {"labels": {"tier": None, "x": "y"}}})
-    assert patched.metadata.labels == {"x": "y"} and patched.metadata.generation == 2  # no spec change
+    assert meta(patched).labels == {"x": "y"} and meta(patched).generation == 2  # no spec change
 
     deleted = await resources.delete_resource_slice("a-1")
-    assert deleted.metadata.name == "a-1"
+    assert name_of(deleted) == "a-1"
     with pytest.raises(ApiException) as missing:
         await resources.read_resource_slice("a-1")
     assert missing.value.status == 404
@@ -182,7 +193,7 @@ async def test_merge_patch_content_type(http: aiohttp.ClientSession, resources: 
 async def test_generate_name_cuts_the_prefix_and_appends_five_characters(resources: client.ResourceV1Api) -> None:
     prefix = "00000-gpu.example.com-" + "n" * 60 + "-"
     created = await resources.create_resource_slice(slice_body(generate_name=prefix))
-    name = created.metadata.name
+    name = name_of(created)
     assert len(name) == 63 and name.startswith(prefix[:58])
     assert re.fullmatch(r"[a-z0-9]{5}", name[58:])
 
@@ -200,7 +211,7 @@ async def test_invalid_slice_is_422_with_causes(resources: client.ResourceV1Api)
     assert status["details"]["kind"] == "ResourceSlice" and status["details"]["group"] == "resource.k8s.io"
 
     current = await resources.create_resource_slice(slice_body("s"))
-    current.spec.driver = "other.example.com"
+    spec_of(current).driver = "other.example.com"
     with pytest.raises(ApiException) as immutable:
         await resources.replace_resource_slice("s", current)
     assert immutable.value.status == 422
@@ -230,10 +241,14 @@ async def test_fields_of_alpha_gates_are_dropped_as_by_a_1_37_server(http: aioht
 
 async def test_taint_time_added_is_defaulted(resources: client.ResourceV1Api) -> None:
     body = slice_body("t")
-    body.spec.devices[0].taints = [client.V1DeviceTaint(key="gpu.example.com/xid", effect="NoSchedule")]
+    sent = spec_of(body).devices
+    assert sent
+    sent[0].taints = [client.V1DeviceTaint(key="gpu.example.com/xid", effect="NoSchedule")]
     before = time.time()
     created = await resources.create_resource_slice(body)
-    added = created.spec.devices[0].taints[0].time_added
+    stored = spec_of(created).devices
+    assert stored and stored[0].taints
+    added = stored[0].taints[0].time_added
     assert added is not None and added.microsecond == 0 and before - 1 <= added.timestamp() <= time.time()
 
 
@@ -274,11 +289,11 @@ async def test_delete_honours_preconditions(resources: client.ResourceV1Api) -> 
         await resources.delete_resource_slice("p", body=wrong)
     assert error.value.status == 409 and "Precondition failed: UID in precondition" in status_of(error.value)["message"]
     await resources.patch_resource_slice("p", {"metadata": {"labels": {"v": "2"}}})
-    old_version = client.V1Preconditions(resource_version=created.metadata.resource_version)
+    old_version = client.V1Preconditions(resource_version=version_of(created))
     with pytest.raises(ApiException) as stale:
         await resources.delete_resource_slice("p", body=client.V1DeleteOptions(preconditions=old_version))
     assert stale.value.status == 409
-    right = client.V1Preconditions(uid=created.metadata.uid)
+    right = client.V1Preconditions(uid=meta(created).uid)
     await resources.delete_resource_slice("p", body=client.V1DeleteOptions(preconditions=right))
     assert (await resources.list_resource_slice()).items == []
 
@@ -303,16 +318,16 @@ async def test_list_pages_with_limit_and_continue(resources: client.ResourceV1Ap
     for i in range(5):
         await resources.create_resource_slice(slice_body(f"s-{i}"))
     first = await resources.list_resource_slice(limit=2)
-    assert [s.metadata.name for s in first.items] == ["s-0", "s-1"] and first.metadata.remaining_item_count == 3
-    rest = await resources.list_resource_slice(limit=10, _continue=first.metadata.var_continue)
-    assert [s.metadata.name for s in rest.items] == ["s-2", "s-3", "s-4"] and not rest.metadata.var_continue
+    assert [name_of(s) for s in first.items] == ["s-0", "s-1"] and list_meta(first).remaining_item_count == 3
+    rest = await resources.list_resource_slice(limit=10, _continue=list_meta(first).var_continue)
+    assert [name_of(s) for s in rest.items] == ["s-2", "s-3", "s-4"] and not list_meta(rest).var_continue
 
 
 # --- watches -----------------------------------------------------------------------------------
 
 
 async def test_watch_reports_matching_slices_only(resources: client.ResourceV1Api) -> None:
-    start = (await resources.list_resource_slice()).metadata.resource_version
+    start = version_of(await resources.list_resource_slice())
     async with watch.Watch() as w:
         stream = w.stream(resources.list_resource_slice, field_selector="spec.nodeName=node-a",
                           resource_version=start, timeout_seconds=10)  # fmt: skip
@@ -324,7 +339,7 @@ async def test_watch_reports_matching_slices_only(resources: client.ResourceV1Ap
         await resources.delete_resource_slice("mine")
         events = await next_events(stream, 3)
     assert events == [("ADDED", "mine"), ("MODIFIED", "mine"), ("DELETED", "mine")]
-    assert mine.metadata.resource_version is not None
+    assert meta(mine).resource_version is not None
 
 
 async def test_watch_sends_current_objects_then_selector_exits_as_deleted(resources: client.ResourceV1Api) -> None:
@@ -339,7 +354,7 @@ async def test_watch_sends_current_objects_then_selector_exits_as_deleted(resour
 async def test_watch_from_an_expired_resource_version_gets_410(
     server: TestApiServer, resources: client.ResourceV1Api, http: aiohttp.ClientSession
 ) -> None:
-    old = (await resources.create_resource_slice(slice_body("x"))).metadata.resource_version
+    old = version_of(await resources.create_resource_slice(slice_body("x")))
     await resources.patch_resource_slice("x", {"metadata": {"labels": {"y": "1"}}})
     server.compact()
     with pytest.raises(ApiException) as gone:
@@ -434,8 +449,8 @@ async def test_watch_ends_at_timeout_seconds(server: TestApiServer, core: client
 async def test_nodes(server: TestApiServer, core: client.CoreV1Api) -> None:
     uid = server.add_node("node-a")
     server.add_node("node-b")
-    assert (await core.read_node("node-a")).metadata.uid == uid
-    assert [n.metadata.name for n in (await core.list_node(field_selector="metadata.name=node-b")).items] == ["node-b"]
+    assert meta(await core.read_node("node-a")).uid == uid
+    assert [name_of(n) for n in (await core.list_node(field_selector="metadata.name=node-b")).items] == ["node-b"]
     with pytest.raises(ApiException) as missing:
         await core.read_node("node-c")
     assert status_of(missing.value)["message"] == 'nodes "node-c" not found'
@@ -446,17 +461,17 @@ async def test_claims(server: TestApiServer, resources: client.ResourceV1Api) ->
     given_claim = {"metadata": {"name": "given", "namespace": "ns1"}, "spec": {}, "status": {"allocation": allocation}}
     server.put_claim(given_claim)
     given = await resources.read_namespaced_resource_claim("given", "ns1")
-    assert given.status.allocation.devices.results[0].device == "gpu-0"
+    assert allocated(given)[0].device == "gpu-0"
 
     body = {"metadata": {"name": "made"}, "spec": {}, "status": {"allocation": allocation}}
-    made = await resources.create_namespaced_resource_claim("ns2", body)
+    made = await resources.create_namespaced_resource_claim("ns2", as_sent(client.ResourceV1ResourceClaim, body))
     assert made.status is None  # status is only written through /status
     updated = await resources.replace_namespaced_resource_claim_status(
-        "made", "ns2", {**wire(made), "status": {"allocation": allocation}}
+        "made", "ns2", as_sent(client.ResourceV1ResourceClaim, {**wire(made), "status": {"allocation": allocation}})
     )
-    assert updated.status.allocation.devices.results[0].pool == "node-a"
+    assert allocated(updated)[0].pool == "node-a"
     everywhere = await resources.list_resource_claim_for_all_namespaces()
-    assert [(c.metadata.namespace, c.metadata.name) for c in everywhere.items] == [("ns1", "given"), ("ns2", "made")]
+    assert [(meta(c).namespace, meta(c).name) for c in everywhere.items] == [("ns1", "given"), ("ns2", "made")]
     await resources.delete_namespaced_resource_claim("made", "ns2")
     assert [c["metadata"]["name"] for c in server.objects("resourceclaims")] == ["given"]
     stored = server.get_object("resourceclaims", "given", "ns1")
@@ -465,9 +480,10 @@ async def test_claims(server: TestApiServer, resources: client.ResourceV1Api) ->
 
 
 async def test_device_classes(resources: client.ResourceV1Api) -> None:
-    await resources.create_device_class({"metadata": {"name": "gpu.example.com"}, "spec": {}})
-    assert (await resources.read_device_class("gpu.example.com")).metadata.generation == 1
-    assert [c.metadata.name for c in (await resources.list_device_class()).items] == ["gpu.example.com"]
+    gpu_class = {"metadata": {"name": "gpu.example.com"}, "spec": {}}
+    await resources.create_device_class(as_sent(client.V1DeviceClass, gpu_class))
+    assert meta(await resources.read_device_class("gpu.example.com")).generation == 1
+    assert [name_of(c) for c in (await resources.list_device_class()).items] == ["gpu.example.com"]
     await resources.delete_device_class("gpu.example.com")
     assert (await resources.list_device_class()).items == []
 
@@ -475,13 +491,13 @@ async def test_device_classes(resources: client.ResourceV1Api) -> None:
 async def test_events_are_recorded(server: TestApiServer, api: client.ApiClient) -> None:
     core_event = {"metadata": {"generateName": "node-a."}, "involvedObject": {"kind": "Node", "name": "node-a"},
                   "reason": "DevicesPublished", "message": "8 GPUs", "type": "Normal"}  # fmt: skip
-    await client.CoreV1Api(api).create_namespaced_event("default", core_event)
+    await client.CoreV1Api(api).create_namespaced_event("default", as_sent(client.CoreV1Event, core_event))
     # Not a whole second: the client writes a datetime with no microseconds without the fraction, which the
     # server's MicroTime decoder refuses.
     new_event = {"metadata": {"name": "slice-sync"}, "eventTime": "2026-01-01T00:00:00.250000Z",
                  "regarding": {"kind": "Node", "name": "node-a"}, "reason": "SyncFailed", "action": "Publish",
                  "reportingController": "dra-agent", "reportingInstance": "node-a", "type": "Warning"}  # fmt: skip
-    await client.EventsV1Api(api).create_namespaced_event("default", new_event)
+    await client.EventsV1Api(api).create_namespaced_event("default", as_sent(client.EventsV1Event, new_event))
     assert [e.get("reason") for e in server.events()] == ["DevicesPublished", "SyncFailed"]
     listed = await client.CoreV1Api(api).list_namespaced_event("default", field_selector="reason=DevicesPublished")
     assert [e.message for e in listed.items] == ["8 GPUs"]
@@ -535,7 +551,7 @@ async def test_failure_burst_then_success(server: TestApiServer, core: client.Co
         with pytest.raises(ApiException) as error:
             await core.read_node("node-a")
         assert error.value.status == 500 and status_of(error.value)["reason"] == "InternalError"
-    assert (await core.read_node("node-a")).metadata.name == "node-a"
+    assert name_of(await core.read_node("node-a")) == "node-a"
     assert [r.status for r in server.find_requests("GET", "/api/v1/nodes/node-a")] == [500, 500, 500, 200]
 
 
@@ -642,7 +658,7 @@ async def test_standalone_module_serves_until_sigterm(scratch: Path) -> None:
             assert (await response.json())["major"] == "1"
         api_client = await config.new_client_from_config(config_file=str(kubeconfig))
         async with api_client:
-            assert (await client.CoreV1Api(api_client).read_node("node-a")).metadata.name == "node-a"
+            assert name_of(await client.CoreV1Api(api_client).read_node("node-a")) == "node-a"
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), scaled(10)) == 0
     finally:

@@ -135,7 +135,7 @@ def test_seven_1g_placements_fill_a_gpu_and_a_7g_fits_only_when_all_are_released
     mig_slices: list[dict[str, Any]],
 ) -> None:
     node, classes = "dgx-h100-mig", device_classes()
-    held = []
+    held: list[dict[str, Any]] = []
     for index in range(7):
         c = mig_claim(f"small-{index}", "1g.10gb")
         allocation = run(c, mig_slices, classes=classes, allocated=held, node=node)
@@ -204,9 +204,10 @@ def test_first_available_takes_the_first_sub_request_that_can_be_satisfied() -> 
             {"cel": {"expression": 'device.attributes["x.example.com"].size == "big"'}}]},
         {"name": "two-small", "deviceClassName": "gpu", "count": 2},
     ]}
-    config = [{"requests": ["gpu/two-small"], "opaque": {"driver": "x.example.com", "parameters": {"small": True}}},
-              {"requests": ["gpu/big"], "opaque": {"driver": "x.example.com", "parameters": {"big": True}}},
-              {"opaque": {"driver": "x.example.com", "parameters": {"every": True}}}]
+    config: list[dict[str, Any]] = [
+        {"requests": ["gpu/two-small"], "opaque": {"driver": "x.example.com", "parameters": {"small": True}}},
+        {"requests": ["gpu/big"], "opaque": {"driver": "x.example.com", "parameters": {"big": True}}},
+        {"opaque": {"driver": "x.example.com", "parameters": {"every": True}}}]
     allocation = run(claim("c", request, config=config), slices)
     assert devices_of(allocation) == [("gpu/two-small", "g0"), ("gpu/two-small", "g1")]
     assert allocation.status["devices"]["config"] == [{"source": "FromClaim", **config[0]},
@@ -470,7 +471,9 @@ def _usable(request: dict[str, Any], dev: dict[str, Any]) -> bool:
     spec = request["exactly"]
     attrs = {k: next(iter(v.values())) for k, v in dev["attributes"].items()}
     minimum = int(spec["selectors"][0]["cel"]["expression"].rsplit(" ", 1)[1]) if spec.get("selectors") else 0
-    return attrs["kind"] == spec["deviceClassName"] and attrs["size"] >= minimum
+    kind: str = attrs["kind"]
+    size: int = attrs["size"]
+    return kind == spec["deviceClassName"] and size >= minimum
 
 
 def _valid(c: dict[str, Any], devices: list[dict[str, Any]], held: set[str], units: int,
@@ -548,7 +551,7 @@ def test_allocations_are_valid_and_found_whenever_one_exists(
 def test_mig_example_gets_an_existing_1g_device(tmp_path: Path) -> None:
     # Static MIG: the two GPUs of the first root complex each have a 1g.10gb device at placement 3.
     slices = discovered(str(dgx_h100_in_mig_mode(tmp_path, {0: [{"profile": "1g.10gb", "start": 3}]})))
-    held = []
+    held: list[dict[str, Any]] = []
     for namespace, gpu_address in (("a", "18"), ("b", "1c")):
         c = example_claim("mig-1g10gb", namespace=namespace)
         allocation = run(c, slices, classes=device_classes(), allocated=held, node="dgx-h100-mig")

@@ -87,7 +87,7 @@ def test_the_gpu_memory_policy_is_always_one_the_api_server_accepts(memory: int,
     if memory < 2 * step:
         assert policy is None
         return
-    assert policy is not None and policy.valid_range is not None
+    assert policy is not None and policy.valid_range is not None and policy.valid_range.max is not None
     assert policy.default == policy.valid_range.max <= memory < policy.default + step
     assert validate_device(device_body(shared_gpu(policy, memory=memory))) == []
 
@@ -143,9 +143,10 @@ def test_what_a_share_consumes() -> None:
         "memory": {"value": "80Gi", "requestPolicy": {"default": "8Gi",
                                                       "validRange": {"min": "1Gi", "max": "40Gi", "step": "1Gi"}}},
         "cores": {"value": "132"}}}
-    assert consumption({"memory": Fraction(GI // 2)}, dev) == {"memory": GI, "cores": 132}
-    assert consumption({}, dev) == {"memory": 8 * GI, "cores": 132}, "the default; the whole of a capacity without"
-    assert consumption({"cores": Fraction(10)}, dev) == {"memory": 8 * GI, "cores": 10}
+    assert consumption({"memory": Fraction(GI // 2)}, dev) == {"memory": Fraction(GI), "cores": Fraction(132)}
+    assert consumption({}, dev) == {"memory": Fraction(8 * GI), "cores": Fraction(132)}, (
+        "the default; the whole of a capacity without")
+    assert consumption({"cores": Fraction(10)}, dev) == {"memory": Fraction(8 * GI), "cores": Fraction(10)}
     assert consumption({"memory": Fraction(41 * GI)}, dev) == "memory 41Gi is more than the largest share, 40Gi"
     assert consumption({"memory": Fraction(GI), "cores": Fraction(200)}, dev) == (
         "cores 200 is more than the device has, 132")
@@ -166,8 +167,10 @@ def gpu80(name: str = "g0", *, multi: bool = True) -> Obj:
 
 
 def memory_claim(name: str, *memories: str | None) -> Obj:
-    requests = [exactly(f"r{i}", "gpu", **({"capacity": {"requests": {"memory": m}}} if m else {}))
-                for i, m in enumerate(memories)]
+    requests = []
+    for i, m in enumerate(memories):
+        extra: Obj = {"capacity": {"requests": {"memory": m}}} if m else {}
+        requests.append(exactly(f"r{i}", "gpu", **extra))
     return claim(name, *requests)
 
 

@@ -22,6 +22,7 @@ from simulator.scheduler.cel import CelError
 from simulator.scheduler.extended import ANNOTATION, class_mapping, plan_extended_claim
 from simulator.scheduler.pods import release_pod, schedule_pod
 from tests.support.allocation_env import device_classes, discovered
+from tests.support.kube_models import as_sent, meta, spec_of
 
 NODE = "dgx-h100"
 # A 244-character domain is the longest whose quota form ("requests." + name) is still a DNS subdomain.
@@ -70,7 +71,8 @@ async def test_the_api_server_refuses_an_invalid_name_with_its_field(
     server, api = resources
     for bad in ("gpu", "kubernetes.io/gpu", "requests.example.com/gpu"):
         with pytest.raises(ApiException) as caught:
-            await api.create_device_class(device_class("bad", bad))
+            await api.create_device_class(as_sent(client.V1DeviceClass, device_class("bad", bad)))
+        assert caught.value.body is not None
         status = json.loads(caught.value.body)
         assert caught.value.status == 422 and status["reason"] == "Invalid"
         assert status["details"]["causes"] == [{"reason": "FieldValueInvalid", "field": "spec.extendedResourceName",
@@ -79,14 +81,15 @@ async def test_the_api_server_refuses_an_invalid_name_with_its_field(
         assert status["message"].startswith('DeviceClass.resource.k8s.io "bad" is invalid: spec.extendedResourceName')
     assert server.objects("deviceclasses") == []
     # An update is checked too; a valid name, and none at all, are accepted.
-    await api.create_device_class(device_class("gpu.nvidia.com", "nvidia.com/gpu"))
+    await api.create_device_class(as_sent(client.V1DeviceClass, device_class("gpu.nvidia.com", "nvidia.com/gpu")))
     stored = await api.read_device_class("gpu.nvidia.com")
-    assert stored.spec.extended_resource_name == "nvidia.com/gpu"
-    stored.spec.extended_resource_name = "nvidia.com/"
+    assert spec_of(stored).extended_resource_name == "nvidia.com/gpu"
+    spec_of(stored).extended_resource_name = "nvidia.com/"
     with pytest.raises(ApiException) as caught:
         await api.replace_device_class("gpu.nvidia.com", stored)
-    assert caught.value.status == 422 and "spec.extendedResourceName" in caught.value.body
-    stored.spec.extended_resource_name = None
+    assert caught.value.status == 422 and caught.value.body is not None
+    assert "spec.extendedResourceName" in caught.value.body
+    spec_of(stored).extended_resource_name = None
     await api.replace_device_class("gpu.nvidia.com", stored)
     kept = server.get_object("deviceclasses", "gpu.nvidia.com")
     assert kept is not None and "extendedResourceName" not in kept["spec"]
@@ -96,8 +99,8 @@ async def test_two_classes_may_share_a_name_and_a_number_is_not_a_name(
         resources: tuple[TestApiServer, client.ResourceV1Api]) -> None:  # fmt: skip
     server, api = resources
     # Names should be unique, but the API server does not check: the scheduler picks one class.
-    await api.create_device_class(device_class("a.example.com", "example.com/gpu"))
-    await api.create_device_class(device_class("b.example.com", "example.com/gpu"))
+    await api.create_device_class(as_sent(client.V1DeviceClass, device_class("a.example.com", "example.com/gpu")))
+    await api.create_device_class(as_sent(client.V1DeviceClass, device_class("b.example.com", "example.com/gpu")))
     assert len(server.objects("deviceclasses")) == 2
     number = {"metadata": {"name": "c"}, "spec": {"extendedResourceName": 7}}
     async with (aiohttp.ClientSession(server.url, headers=server.auth_headers) as http,
@@ -113,14 +116,14 @@ async def test_with_the_gate_off_the_name_is_dropped_unless_the_class_has_one(sc
             api = client.ResourceV1Api(api_client)
             # Dropped before validation: even a name that would be refused is not an error.
             for name, extended in (("new.example.com", "example.com/gpu"), ("bad.example.com", "gpu")):
-                await api.create_device_class(device_class(name, extended))
+                await api.create_device_class(as_sent(client.V1DeviceClass, device_class(name, extended)))
                 stored = server.get_object("deviceclasses", name)
                 assert stored is not None and "extendedResourceName" not in stored["spec"]
             # A class stored while the gate was on keeps its name through an update.
             server.put_object("deviceclasses", device_class("old.example.com", "example.com/old"))
             kept = await api.read_device_class("old.example.com")
-            kept.metadata.labels = {"touched": "yes"}
-            kept.spec.extended_resource_name = "example.com/renamed"
+            meta(kept).labels = {"touched": "yes"}
+            spec_of(kept).extended_resource_name = "example.com/renamed"
             await api.replace_device_class("old.example.com", kept)
             stored = server.get_object("deviceclasses", "old.example.com")
             assert stored is not None and stored["spec"]["extendedResourceName"] == "example.com/renamed"

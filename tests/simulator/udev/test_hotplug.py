@@ -3,6 +3,7 @@ the uevents are in libudev's wire format, bad requests are refused; running with
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import socket
@@ -221,7 +222,7 @@ def test_a_node_reached_below_a_device_tree_is_refused(where: str) -> None:
 
 
 def test_without_umockdev_no_preload_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(udev_preload.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     with pytest.raises(udev_preload.UdevPreloadError, match="umockdev is not installed"):
         udev_preload.environment(tmp_path)
     monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("re-executed without umockdev"))
@@ -247,10 +248,11 @@ def test_agent_run_reexecutes_under_the_preload_and_runs_on_without_it(monkeypat
     path, argv, env = executed.value.args
     assert path == sys.executable and argv[1:] == [str(Path(sys.prefix) / "bin/dra-agent"), "run"]
     assert env["LD_PRELOAD"].split(":")[0] == udev_preload.PRELOAD
+    assert settings.sim_root is not None
     assert env["UMOCKDEV_DIR"] == str(settings.sim_root.resolve())
 
     # Without umockdev the same process runs on, and says why there are no udev events.
-    monkeypatch.setattr(udev_preload.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     with capture_logs() as logs, open_host(settings) as host:
         assert host.profile == "gke-g2-l4"
         assert open_udev_monitor(host) is None, "a simulated node outside umockdev gets no monitor"
