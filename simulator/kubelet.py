@@ -26,6 +26,7 @@ from agent.kubelet.services import (
     HealthStatus,
     PluginInfo,
     RegistrationClient,
+    watch_health,
 )
 from simulator.kubelet_connection import (
     OWN_CONNECTIONS,
@@ -33,7 +34,6 @@ from simulator.kubelet_connection import (
     KubeletError,
     Plugin,
     RegistrationRefused,
-    health_stream,
 )
 from simulator.timing import scaled
 
@@ -259,7 +259,7 @@ class KubeletSimulator:
         while True:
             try:
                 assert plugin.health_service is not None
-                async with contextlib.aclosing(health_stream(plugin._channel, plugin.health_service)) as stream:
+                async with contextlib.aclosing(watch_health(plugin._channel, plugin.health_service)) as stream:
                     async for reports in stream:
                         self._record(plugin.driver, reports)
             except grpc.aio.AioRpcError as e:

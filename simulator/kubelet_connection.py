@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,7 +31,6 @@ __all__ = [
     "KubeletError",
     "Plugin",
     "RegistrationRefused",
-    "health_stream",
     "rpc",
     "rpc_error",
 ]
@@ -143,7 +142,8 @@ class Plugin:
     async def health(self) -> AsyncIterator[list[DeviceHealthReport]]:
         """The raw NodeWatchResources stream: one full device list per message."""
         try:
-            async with contextlib.aclosing(health_stream(self._channel, self.health_service or HEALTH_SERVICES[0])
+            # Closed promptly (aclosing): that ends the RPC instead of leaving it to the garbage collector.
+            async with contextlib.aclosing(watch_health(self._channel, self.health_service or HEALTH_SERVICES[0])
                                            ) as stream:
                 async for reports in stream:
                     yield reports
@@ -156,8 +156,3 @@ class Plugin:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         await self._channel.close()
-
-
-def health_stream(channel: grpc.aio.Channel, service: str) -> AsyncGenerator[list[DeviceHealthReport], None]:
-    # watch_health is an async generator; closing it promptly ends the RPC instead of leaving it to the GC.
-    return watch_health(channel, service)
